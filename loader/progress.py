@@ -1,0 +1,99 @@
+"""A one-line build status with elapsed time, on a terminal (redrawn in place), in a notebook (an
+updating display), or as plain start/end lines in logs. KERNELKIT_VERBOSE=0 silences it."""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Optional
+
+
+def verbosity() -> int:
+    try:
+        return int(os.environ.get("KERNELKIT_VERBOSE", "1"))
+    except ValueError:
+        return 1
+
+
+def _notebook_display():
+    """An IPython display handle when running inside a Jupyter kernel, else None."""
+    ipy = sys.modules.get("IPython")
+    if ipy is None or "ipykernel" not in sys.modules:
+        return None
+    try:
+        shell = ipy.get_ipython()
+        if shell is None or not hasattr(shell, "kernel"):
+            return None
+        from IPython.display import display
+
+        return display({"text/plain": ""}, raw=True, display_id=True)
+    except Exception:
+        return None
+
+
+def say(message: str) -> None:
+    if verbosity() > 0:
+        print(f"kernelkit: {message}", file=sys.stderr, flush=True)
+
+
+class Status:
+    """``with Status("building sigmoid"):`` shows the message and a ticking elapsed time."""
+
+    def __init__(self, message: str):
+        self.message = message
+        self.t0 = time.perf_counter()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._handle = None
+        self._tty = False
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def _line(self) -> str:
+        return f"kernelkit: {self.message} ... {self.elapsed:.1f} s"
+
+    def _tick(self) -> None:
+        while not self._stop.wait(0.5):
+            self._draw()
+
+    def _draw(self) -> None:
+        if self._handle is not None:
+            self._handle.update({"text/plain": self._line()}, raw=True)
+        elif self._tty:
+            sys.stderr.write("\r" + self._line())
+            sys.stderr.flush()
+
+    def __enter__(self) -> "Status":
+        if verbosity() <= 0:
+            return self
+        self._handle = _notebook_display()
+        self._tty = self._handle is None and sys.stderr.isatty()
+        if self._handle is None and not self._tty:
+            say(self.message + " ...")
+        else:
+            self._draw()
+            self._thread = threading.Thread(target=self._tick, daemon=True)
+            self._thread.start()
+        return self
+
+    def finish(self, result: str) -> None:
+        self.message = result
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if verbosity() <= 0:
+            return
+        verdict = "failed" if exc_type else "done"
+        final = f"kernelkit: {self.message} ({verdict} in {self.elapsed:.1f} s)"
+        if self._handle is not None:
+            self._handle.update({"text/plain": final}, raw=True)
+        elif self._tty:
+            sys.stderr.write("\r" + final + "\033[K\n")
+            sys.stderr.flush()
+        else:
+            print(final, file=sys.stderr, flush=True)

@@ -1,0 +1,190 @@
+"""Compilers, torch's include/library paths, and the CUDA arch list: everything a build depends on that is
+not a source file. Identities are cheap (stat, no process spawned) so a warm load never runs a compiler."""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import shlex
+import shutil
+import sys
+import sysconfig
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import torch
+
+from .errors import KernelkitError
+
+log = logging.getLogger("kernelkit")
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+
+
+def _identity(path: str) -> str:
+    """What a compiler is, for the cache key: its resolved path, size and mtime (no spawn)."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    return f"{real}:{st.st_size}:{int(st.st_mtime)}"
+
+
+@functools.lru_cache(maxsize=None)
+def cxx() -> str:
+    name = os.environ.get("CXX", "c++")
+    found = shutil.which(name)
+    if not found:
+        raise KernelkitError(f"C++ compiler {name!r} not found (set CXX to a g++ or clang++ path)")
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def nvcc() -> str:
+    env = os.environ.get("KERNELKIT_NVCC")
+    candidates = [env] if env else []
+    home = cpp_extension().CUDA_HOME
+    if home:
+        candidates.append(os.path.join(home, "bin", "nvcc"))
+    candidates.append(shutil.which("nvcc") or "")
+    for c in candidates:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    raise KernelkitError("nvcc not found: install the CUDA toolkit, or set KERNELKIT_NVCC or CUDA_HOME")
+
+
+def launcher() -> List[str]:
+    """Optional compiler launcher (ccache, sccache, a wrapper): prefixes every compile, not in the key."""
+    return shlex.split(os.environ.get("KERNELKIT_COMPILER_LAUNCHER", ""))
+
+
+def torch_has_cuda() -> bool:
+    return torch.version.cuda is not None
+
+
+@functools.lru_cache(maxsize=None)
+def cpp_extension():
+    """torch.utils.cpp_extension, imported without its 'No CUDA runtime is found' warning on GPU-less
+    machines (building CUDA code there is what kernelkit's compile-only mode is for)."""
+    lg = logging.getLogger("torch.utils.cpp_extension")
+    old = lg.level
+    lg.setLevel(logging.ERROR)
+    try:
+        from torch.utils import cpp_extension as ce
+    finally:
+        lg.setLevel(old)
+    return ce
+
+
+def pybind_abi_flags() -> List[str]:
+    """Flags that make a pybind11 module ABI-compatible with torch's own (empty on new torch)."""
+    import warnings
+
+    fn = getattr(cpp_extension(), "_get_pybind11_abi_build_flags", None)
+    if fn is None:
+        return []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return list(fn())
+
+
+def _paths(fn, device_type: str) -> List[str]:
+    try:
+        return list(fn(device_type=device_type))
+    except TypeError:  # torch < 2.6 took a bool
+        return list(fn(device_type == "cuda"))
+
+
+@functools.lru_cache(maxsize=None)
+def torch_include_paths(cuda: bool) -> List[str]:
+    return _paths(cpp_extension().include_paths, "cuda" if cuda else "cpu")
+
+
+@functools.lru_cache(maxsize=None)
+def torch_library_paths(cuda: bool) -> List[str]:
+    return _paths(cpp_extension().library_paths, "cuda" if cuda else "cpu")
+
+
+def cxx11_abi() -> int:
+    return int(torch._C._GLIBCXX_USE_CXX11_ABI)
+
+
+def python_include() -> str:
+    return sysconfig.get_paths()["include"]
+
+
+def torch_nvcc_flags() -> List[str]:
+    """torch's own nvcc flags, needed only when a .cu includes torch headers (they disable cuda_fp16's
+    operators, which would clash with c10::Half)."""
+    return list(cpp_extension().COMMON_NVCC_FLAGS)
+
+
+@functools.lru_cache(maxsize=None)
+def fingerprint() -> str:
+    """Everything outside the sources that changes what a build produces."""
+    from . import __version__
+
+    parts = [
+        f"kernelkit={__version__}",
+        f"torch={torch.__version__}",
+        f"torch.cuda={torch.version.cuda}",
+        f"abi={cxx11_abi()}",
+        f"python={sys.implementation.cache_tag}",
+        f"cxx={_identity(cxx())}",
+    ]
+    return "\n".join(parts)
+
+
+@functools.lru_cache(maxsize=None)
+def nvcc_fingerprint() -> str:
+    return f"nvcc={_identity(nvcc())}"
+
+
+# -------------------------------------------------------------------------------------------- arch list
+_ARCH = re.compile(r"^(?:sm_|compute_)?(\d+)\.?(\d)([af]?)(\+PTX)?$", re.I)
+
+
+def parse_arch_list(spec: "str | Sequence[str]") -> List[str]:
+    """'8.0;9.0+PTX', '8.0 9.0', ['sm_90a'] -> ['8.0', '9.0+PTX'] (normalised, deduplicated)."""
+    items = re.split(r"[;,\s]+", spec.strip()) if isinstance(spec, str) else list(spec)
+    out: List[str] = []
+    for item in items:
+        if not item:
+            continue
+        m = _ARCH.match(str(item).strip())
+        if not m:
+            raise ValueError(f"arch: expected entries like '9.0', '8.6+PTX', 'sm_90a', got {item!r}")
+        norm = f"{m.group(1)}.{m.group(2)}{m.group(3).lower()}" + ("+PTX" if m.group(4) else "")
+        if norm not in out:
+            out.append(norm)
+    if not out:
+        raise ValueError(f"arch: empty arch list {spec!r}")
+    return out
+
+
+_warned_no_gpu = False
+
+
+def arch_list(explicit: "str | Sequence[str] | None" = None) -> List[str]:
+    """Argument > KERNELKIT_ARCH > TORCH_CUDA_ARCH_LIST > the current device > 9.0 (no GPU visible)."""
+    global _warned_no_gpu
+    for source in (explicit, os.environ.get("KERNELKIT_ARCH"), os.environ.get("TORCH_CUDA_ARCH_LIST")):
+        if source:
+            return parse_arch_list(source)
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        return [f"{major}.{minor}"]
+    if not _warned_no_gpu:
+        log.info("no CUDA device visible: building CUDA code for sm_90 (set KERNELKIT_ARCH to choose)")
+        _warned_no_gpu = True
+    return ["9.0"]
+
+
+def gencode_flags(archs: Sequence[str]) -> List[str]:
+    flags = []
+    for a in archs:
+        ptx = a.endswith("+PTX")
+        num = a.replace("+PTX", "").replace(".", "")
+        flags += ["-gencode", f"arch=compute_{num},code=sm_{num}"]
+        if ptx:
+            flags += ["-gencode", f"arch=compute_{num},code=compute_{num}"]
+    return flags

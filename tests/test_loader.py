@@ -1,0 +1,317 @@
+"""Loader core: content-addressed builds, hot reload, caching across processes, corruption, locking,
+errors and cache safety. CPU only (a CUDA card is compiled and linked but not run)."""
+import json
+import os
+import signal
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernelkit
+from kernelkit import cache
+from loader_cards import run_python, write_affine, write_square
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+X = torch.tensor([0.0, 1.0, -2.5, 3.0])
+
+
+def affine_ref(x, scale=2.0, offset=1.0):
+    return x * scale + offset
+
+
+@pytest.fixture
+def card_dir(tmp_path):
+    return write_affine(tmp_path / "cards")
+
+
+def fresh_env(**extra):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    env.update(extra)
+    return env
+
+
+def test_load_runs_and_unchanged_load_is_instant(card_dir):
+    lib = kernelkit.load("affine", kernels_dir=card_dir)
+    torch.testing.assert_close(lib.affine(X), affine_ref(X))
+    assert lib.ns.startswith("kk_affine_") and lib.key[:12] in lib.ns
+    before = dict(kernelkit.STATS)
+    t0 = time.perf_counter()
+    again = kernelkit.load("affine", kernels_dir=card_dir)
+    assert again is lib
+    assert kernelkit.STATS == before  # no compiler or linker spawned
+    assert time.perf_counter() - t0 < 0.5
+
+
+def test_hot_reload_after_source_edit(card_dir):
+    lib = kernelkit.load("affine", kernels_dir=card_dir)
+    src = card_dir / "affine.cpp"
+    src.write_text(src.read_text().replace("x[i] * SCALE + OFFSET", "x[i] * SCALE - OFFSET"))
+    links = kernelkit.STATS["links"]
+    new = kernelkit.load("affine", kernels_dir=card_dir)
+    assert new is not lib and new.ns != lib.ns
+    torch.testing.assert_close(new.affine(X), X * 2 - 1)
+    torch.testing.assert_close(lib.affine(X), affine_ref(X))  # the old build keeps working
+    assert kernelkit.library("affine") is new
+    assert kernelkit.STATS["links"] == links + 1
+
+
+def test_hot_reload_after_header_edit(card_dir):
+    kernelkit.load("affine", kernels_dir=card_dir)
+    consts = card_dir / "affine_consts.h"  # included by the header, not named by the card
+    consts.write_text(consts.read_text().replace("#define SCALE 2.0f", "#define SCALE 3.0f"))
+    new = kernelkit.load("affine", kernels_dir=card_dir)
+    torch.testing.assert_close(new.affine(X), affine_ref(X, scale=3.0))
+
+
+def test_refresh_reloads_edited_cards(card_dir):
+    kernelkit.load("affine", kernels_dir=card_dir)
+    src = card_dir / "affine.cpp"
+    src.write_text(src.read_text().replace("+ OFFSET", "+ 2 * OFFSET"))
+    assert "affine" in kernelkit.refresh()
+    torch.testing.assert_close(kernelkit.library("affine").affine(X), affine_ref(X, offset=2.0))
+    assert kernelkit.refresh() == []
+
+
+def test_fresh_process_cache_hit_spawns_no_compiler(card_dir):
+    kernelkit.load("affine", kernels_dir=card_dir)
+    out = run_python(f"""
+        import subprocess, time, torch, kernelkit
+        def refuse(*a, **k):
+            raise AssertionError("a compiler was spawned: " + repr(a[:1]))
+        subprocess.Popen = refuse
+        t0 = time.perf_counter()
+        lib = kernelkit.load("affine", kernels_dir={str(card_dir)!r})
+        dt = time.perf_counter() - t0
+        assert lib.cached, "expected a cache hit"
+        assert kernelkit.STATS == {{"compiles": 0, "links": 0}}, kernelkit.STATS
+        print(lib.affine(torch.tensor([1.0, 2.0])).tolist(), dt)
+    """, env=fresh_env())
+    assert out.returncode == 0, out.stderr
+    values, dt = out.stdout.split("]")
+    assert values == "[3.0, 5.0"
+    assert float(dt) < 1.0
+
+
+def _entry(name, lib):
+    return cache.library_dir(name, lib.key)
+
+
+def test_corrupt_cached_library_is_rebuilt(card_dir):
+    lib = kernelkit.load("affine", kernels_dir=card_dir)
+    so = _entry("affine", lib) / lib.path.name
+    data = bytearray(so.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    # a new inode: writing in place would also corrupt the copy this process has mapped
+    tmp = so.with_suffix(".tmp")
+    tmp.write_bytes(bytes(data))
+    os.replace(tmp, so)
+    out = run_python(f"""
+        import torch, kernelkit
+        lib = kernelkit.load("affine", kernels_dir={str(card_dir)!r})
+        assert not lib.cached and kernelkit.STATS["links"] == 1, kernelkit.STATS
+        print(lib.affine(torch.tensor([1.0])).item())
+    """, env=fresh_env())
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "3.0"
+    assert "corrupt" in out.stderr
+
+
+def test_corrupt_cached_object_is_rebuilt(card_dir):
+    lib = kernelkit.load("affine", kernels_dir=card_dir)
+    manifest = json.loads((_entry("affine", lib) / "manifest.json").read_text())
+    device_unit = next(u for u in manifest["units"] if u["file"].endswith("affine.cpp"))
+    obj = cache.object_path(device_unit["key"])
+    obj.write_bytes(b"garbage")
+    assert cache.cached_object(device_unit["key"]) is None  # detected by its checksum, and dropped
+    assert not obj.exists()
+
+
+def test_syntax_error_names_file_and_line_and_does_not_poison(card_dir):
+    src = card_dir / "affine.cpp"
+    good = src.read_text()
+    src.write_text(good.replace("y[i] = x[i] * SCALE + OFFSET;", "y[i] = x[i] * SCALE + OFFSTE;"))
+    entries_before = {e["entry"] for e in cache.entries()}
+    with pytest.raises(kernelkit.BuildError) as info:
+        kernelkit.load("affine", kernels_dir=card_dir)
+    msg = str(info.value)
+    assert "affine.cpp:3:" in msg and "OFFSTE" in msg and "error" in msg
+    assert "y[i] = x[i] * SCALE + OFFSTE;" in msg  # the offending line, quoted
+    assert "not declared" in info.value.log and info.value.command
+    assert {e["entry"] for e in cache.entries()} == entries_before  # nothing half-built left behind
+    with pytest.raises(kernelkit.BuildError):  # an identical failing call is tried again, not cached
+        kernelkit.load("affine", kernels_dir=card_dir)
+    src.write_text(good)
+    torch.testing.assert_close(kernelkit.load("affine", kernels_dir=card_dir).affine(X), affine_ref(X))
+
+
+def test_load_inline_error_maps_to_string_lines():
+    cpp_ok = "at::Tensor plus_one(const at::Tensor& x) { return x + 1; }\n" \
+             "KERNELKIT_LIBRARY(m) { m.def(\"plus_one(Tensor x) -> Tensor\");\n" \
+             "  m.impl(\"plus_one\", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(plus_one))); }\n"
+    lib = kernelkit.load_inline("plus_one", cpp=cpp_ok)
+    torch.testing.assert_close(lib.plus_one(X), X + 1)
+    bad = "// line 1\nat::Tensor plus_one(const at::Tensor& x) { return x + ; }\n"
+    with pytest.raises(kernelkit.BuildError) as info:
+        kernelkit.load_inline("plus_one", cpp=bad)
+    assert "plus_one.cpp:2:" in str(info.value)
+    assert "return x + ;" in str(info.value)
+
+
+def test_load_inline_cuda_error_maps_to_cell_line():
+    cuda = "#include <cuda_runtime.h>\n__global__ void k(float* y) {\n  y[0] = nope;\n}\n"
+    with pytest.raises(kernelkit.BuildError) as info:
+        kernelkit.load_inline("cellerr", cuda=cuda, arch="9.0")
+    msg = str(info.value)
+    assert "cellerr.cu:3" in msg and '"nope" is undefined' in msg and "y[0] = nope;" in msg
+
+
+def test_load_inline_functions_pybind():
+    lib = kernelkit.load_inline("pyfuncs", cpp="int add_ints(int a, int b) { return a + b; }",
+                                functions=["add_ints"])
+    assert lib.add_ints(2, 40) == 42
+
+
+@pytest.mark.parametrize("bad, exc, words", [
+    (dict(name="not a name", cpp="int x;"), ValueError, "name"),
+    (dict(name="ok"), ValueError, "source"),
+    (dict(name="ok", cpp=b"int x;"), TypeError, "cpp"),
+    (dict(name="ok", cpp="int x;", extra_cflags="-O0"), TypeError, "extra_cflags"),
+    (dict(name="ok", cpp="int f();", functions=["not-ident"]), ValueError, "functions"),
+])
+def test_load_inline_bad_arguments(bad, exc, words):
+    with pytest.raises(exc, match=words):
+        kernelkit.load_inline(**bad)
+
+
+def test_unknown_card_error(tmp_path):
+    with pytest.raises(kernelkit.KernelkitError, match="no card named 'missing'"):
+        kernelkit.load("missing", kernels_dir=tmp_path)
+
+
+def test_world_writable_entry_is_refused(card_dir):
+    lib = kernelkit.load("affine", kernels_dir=card_dir)
+    so = _entry("affine", lib) / lib.path.name
+    os.chmod(so, 0o777)
+    try:
+        out = run_python(f"""
+            import kernelkit
+            try:
+                kernelkit.load("affine", kernels_dir={str(card_dir)!r})
+            except kernelkit.CacheSecurityError as e:
+                print("refused:", e)
+        """, env=fresh_env())
+        assert "refused:" in out.stdout and "writable by group or others" in out.stdout, out.stderr
+    finally:
+        os.chmod(so, 0o700)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="changing a file's owner needs root")
+def test_foreign_owned_entry_is_refused(card_dir):
+    lib = kernelkit.load("affine", kernels_dir=card_dir)
+    so = _entry("affine", lib) / lib.path.name
+    os.chown(so, 12345, 12345)
+    try:
+        out = run_python(f"""
+            import kernelkit
+            try:
+                kernelkit.load("affine", kernels_dir={str(card_dir)!r})
+            except kernelkit.CacheSecurityError as e:
+                print("refused:", e)
+        """, env=fresh_env())
+        assert "refused:" in out.stdout and "owned by uid 12345" in out.stdout, out.stderr
+    finally:
+        os.chown(so, 0, 0)
+
+
+def test_cache_dir_is_private():
+    mode = stat.S_IMODE(os.stat(kernelkit.cache_dir()).st_mode)
+    assert mode & 0o077 == 0
+
+
+LOAD_AND_REPORT = """
+    import json, sys, torch, kernelkit
+    lib = kernelkit.load("affine", kernels_dir=sys.argv[1] if len(sys.argv) > 1 else {dir!r})
+    print(json.dumps({{"cached": lib.cached, "compiles": kernelkit.STATS["compiles"],
+                      "value": lib.affine(torch.tensor([1.0])).item()}}))
+"""
+
+
+def test_concurrent_processes_compile_once(card_dir):
+    src = card_dir / "affine.cpp"  # a body no other test has built, so the first load must compile
+    src.write_text(src.read_text().replace("+ OFFSET", "+ 4 * OFFSET"))
+    import subprocess
+
+    code = LOAD_AND_REPORT.format(dir=str(card_dir))
+    import textwrap
+
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=fresh_env()) for _ in range(4)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert all(r["value"] == 6.0 for r in results)
+    assert sum(not r["cached"] for r in results) == 1, results  # exactly one process built it
+    assert sum(r["compiles"] for r in results) == 1, results
+
+
+def test_sigkill_mid_build_does_not_block(card_dir, tmp_path):
+    src = card_dir / "affine.cpp"
+    src.write_text(src.read_text().replace("+ OFFSET", "+ 5 * OFFSET"))
+    marker = tmp_path / "compiling"
+    slow = tmp_path / "slow-launcher.sh"
+    slow.write_text(f"#!/bin/sh\ntouch {marker}\nsleep 60\nexec \"$@\"\n")
+    slow.chmod(0o755)
+    import subprocess
+    import textwrap
+
+    code = LOAD_AND_REPORT.format(dir=str(card_dir))
+    victim = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env=fresh_env(KERNELKIT_COMPILER_LAUNCHER=str(slow)))
+    deadline = time.time() + 120
+    while not marker.exists():
+        assert victim.poll() is None, victim.communicate()
+        assert time.time() < deadline, "the build never started"
+        time.sleep(0.1)
+    victim.send_signal(signal.SIGKILL)  # mid-build, holding the lock
+    victim.wait()
+    t0 = time.time()
+    out = run_python(code, env=fresh_env(KERNELKIT_LOCK_TIMEOUT="60"))
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1])["value"] == 7.0
+    assert time.time() - t0 < 60
+    for e in cache.entries():  # no half entry: every library dir is complete
+        assert (Path(e["path"]) / "manifest.json").is_file()
+
+
+def test_cuda_card_compiles_and_links_with_explicit_arch(tmp_path):
+    d = write_square(tmp_path / "cuda_cards")
+    info = kernelkit.load("square", kernels_dir=d, arch="8.0;9.0", load=False)
+    assert info.path.is_file() and info.path.suffix == ".so"
+    manifest = json.loads((info.path.parent / "manifest.json").read_text())
+    assert any(u["file"].endswith("square.cu") for u in manifest["units"])
+    again = kernelkit.load("square", kernels_dir=d, arch="sm_80 sm_90", load=False)
+    assert again.key == info.key and again.cached  # same arch list, spelled differently
+
+
+@pytest.mark.gpu
+def test_cuda_card_runs_on_gpu(tmp_path):
+    d = write_square(tmp_path / "cuda_cards")
+    lib = kernelkit.load("square", kernels_dir=d)
+    x = torch.randn(1_000_003, device="cuda")
+    torch.testing.assert_close(lib.square(x), x * x)
+    with pytest.raises(RuntimeError, match="x must be a CUDA tensor"):
+        lib.square(x.cpu())
+    src = d / "square.cu"
+    src.write_text(src.read_text().replace("y[i] = x[i] * x[i];", "y[i] = x[i] * x[i] * x[i];"))
+    t0 = time.perf_counter()
+    new = kernelkit.load("square", kernels_dir=d)
+    print(f"edit -> reload {time.perf_counter() - t0:.2f} s")
+    torch.testing.assert_close(new.square(x), x * x * x)
