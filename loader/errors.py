@@ -68,6 +68,9 @@ class BuildError(KernelkitError):
         lines.append("(full compiler output: the exception's .log attribute)")
         return "\n".join(lines)
 
+    def _render_traceback_(self):  # IPython shows this instead of a traceback: just the mapped errors
+        return [str(self)]
+
     def _repr_html_(self) -> str:  # notebooks: the mapped errors in the cell, not the server's terminal
         import html
 

@@ -1,0 +1,165 @@
+"""Pieces of the loader that need no compiler: arch lists, diagnostics parsing, include scanning,
+cache gc and the cache CLI."""
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+import kernelkit
+from kernelkit import cache, cli, toolchain
+from kernelkit.errors import BuildError, parse_diagnostics
+from kernelkit.sources import digest_tree, scan_includes
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("9.0", ["9.0"]),
+    ("8.0;9.0+PTX", ["8.0", "9.0+PTX"]),
+    ("8.0 8.0, 9.0", ["8.0", "9.0"]),
+    (["sm_90a"], ["9.0a"]),
+    ("sm_80 compute_86", ["8.0", "8.6"]),
+])
+def test_parse_arch_list(spec, expected):
+    assert toolchain.parse_arch_list(spec) == expected
+
+
+@pytest.mark.parametrize("bad", ["ninety", "9", "", "sm_9x"])
+def test_parse_arch_list_rejects(bad):
+    with pytest.raises(ValueError, match="arch"):
+        toolchain.parse_arch_list(bad)
+
+
+def test_arch_precedence(monkeypatch):
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "7.5")
+    monkeypatch.setenv("KERNELKIT_ARCH", "8.6")
+    assert toolchain.arch_list("9.0") == ["9.0"]
+    assert toolchain.arch_list() == ["8.6"]
+    monkeypatch.delenv("KERNELKIT_ARCH")
+    assert toolchain.arch_list() == ["7.5"]
+
+
+def test_gencode_flags():
+    assert toolchain.gencode_flags(["9.0+PTX"]) == ["-gencode", "arch=compute_90,code=sm_90",
+                                                    "-gencode", "arch=compute_90,code=compute_90"]
+    assert toolchain.gencode_flags(["9.0a"]) == ["-gencode", "arch=compute_90a,code=sm_90a"]
+
+
+def test_parse_gcc_and_nvcc_diagnostics():
+    log = "\n".join([
+        "/abs/k.cu(12): error: identifier \"foo\" is undefined",
+        "/abs/k.cu(12): error: identifier \"foo\" is undefined",  # nvcc repeats per pass: shown once
+        "/abs/b.cpp:3:7: error: expected ';' before '}' token",
+        "/abs/b.cpp:2:1: note: in expansion of macro",
+        "/abs/k.cu(4): warning #177-D: variable \"v\" was declared but never referenced",
+        "/abs/k.cu(9): error #20: identifier \"bar\" is undefined",
+    ])
+    texts = {"k.cu": [f"line {i}" for i in range(1, 20)]}
+    diags = parse_diagnostics(log, {"/abs/k.cu": "k.cu", "/abs/b.cpp": "b.cpp"}, texts)
+    assert [(d.file, d.line, d.severity) for d in diags] == [
+        ("k.cu", 12, "error"), ("b.cpp", 3, "error"), ("k.cu", 4, "warning"), ("k.cu", 9, "error")]
+    assert diags[0].source_line == "line 12"
+    err = BuildError("compiling k.cu", diags, log, ["nvcc"])
+    text = str(err)
+    assert "k.cu:12: error: identifier \"foo\" is undefined" in text and "| line 12" in text
+    assert "warning" not in text  # only errors are shown; the log keeps the rest
+    assert err.log == log and "<pre" in err._repr_html_()
+
+
+def test_unparseable_failure_shows_log_tail():
+    err = BuildError("linking x", [], "some output\n/usr/bin/ld: cannot find -lnope\ncollect2: error: ld returned 1")
+    assert "cannot find -lnope" in str(err)
+
+
+def test_scan_includes_transitive_and_torch(tmp_path):
+    (tmp_path / "a.h").write_text('#include "sub/b.h"\n')
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.h").write_text('#include <c.h>\n#include <torch/extension.h>\n')
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "c.h").write_text("// c\n")
+    deps, torch_used = scan_includes('#include "a.h"\n#include <vector>\n', tmp_path, [inc])
+    assert sorted(p.name for p in deps) == ["a.h", "b.h", "c.h"]
+    assert torch_used
+    before = digest_tree(b"x", deps)
+    (inc / "c.h").write_text("// changed\n")
+    assert digest_tree(b"x", deps) != before  # a header two levels down changes the key
+
+
+def test_gc_removes_old_entries_and_stale_tmp(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "c"))
+    entry = cache.subdir("lib") / "old-0123456789abcdef"
+    entry.mkdir()
+    (entry / "manifest.json").write_text(json.dumps({"name": "old", "key": "0123456789abcdef", "so": "x.so"}))
+    fresh = cache.subdir("lib") / "new-fedcba9876543210"
+    fresh.mkdir()
+    (fresh / "manifest.json").write_text(json.dumps({"name": "new", "key": "fedcba9876543210", "so": "x.so"}))
+    stale = cache.subdir("tmp") / "lib-dead-build"
+    stale.mkdir()
+    long_ago = time.time() - 90 * 86400
+    os.utime(entry / "manifest.json", (long_ago, long_ago))
+    os.utime(stale, (long_ago, long_ago))
+    removed = cache.gc(max_age_days=30)
+    assert removed["libraries"] == 1 and removed["tmp"] == 1
+    assert not entry.exists() and fresh.exists() and not stale.exists()
+
+
+def test_cli_cache_commands(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "c"))
+    assert cli.main(["cache", "list"]) == 0
+    assert "cache is empty" in capsys.readouterr().out
+    entry = cache.subdir("lib") / "demo-0123456789abcdef"
+    entry.mkdir()
+    (entry / "manifest.json").write_text(json.dumps({"name": "demo", "key": "0123456789abcdef" * 4, "so": "d.so",
+                                                     "build_seconds": 1.5}))
+    assert cli.main(["cache", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "demo" in out and "1.5 s" in out
+    assert cli.main(["cache", "info", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["libraries"] == 1 and info["path"].startswith(str(tmp_path))
+    assert cli.main(["cache", "clear"]) == 0
+    assert "removed 1" in capsys.readouterr().out
+    assert cache.entries() == []
+
+
+def test_cache_dir_env_override(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "mine"))
+    assert kernelkit.cache_dir() == tmp_path / "mine" / "v1"
+    assert oct(os.stat(kernelkit.cache_dir()).st_mode & 0o777) == "0o700"
+
+
+def test_world_writable_cache_root_refused(tmp_path, monkeypatch):
+    root = tmp_path / "shared" / "v1"
+    root.mkdir(parents=True)
+    os.chmod(root, 0o777)
+    monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "shared"))
+    with pytest.raises(kernelkit.CacheSecurityError, match="writable by group or others"):
+        kernelkit.cache_dir()
+
+
+def test_lock_times_out_with_clear_message(tmp_path, monkeypatch):
+    import filelock
+
+    monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "c"))
+    monkeypatch.setenv("KERNELKIT_LOCK_TIMEOUT", "0.3")
+    holder = filelock.FileLock(str(cache.subdir("locks") / "k.lock"), thread_local=False)
+    import threading
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold():  # another holder (a thread with its own lock object stands in for another process)
+        with holder:
+            held.set()
+            release.wait()
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait()
+    try:
+        with pytest.raises(kernelkit.LockTimeout, match="waiting for another process building demo"):
+            with cache.locked("k", "demo"):
+                pass
+    finally:
+        release.set()
+        t.join()

@@ -1,0 +1,61 @@
+"""The %%kernelkit cell magic in a real IPython shell: compile, bind, edit-reload, error lines."""
+import pytest
+import torch
+
+IPython = pytest.importorskip("IPython")
+from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
+
+import kernelkit  # noqa: E402
+from kernelkit.magic import split_cell  # noqa: E402
+
+CELL = """\
+at::Tensor cube(const at::Tensor& x) {
+  return x * x * x;
+}
+KERNELKIT_LIBRARY(m) {
+  m.def("cube(Tensor x) -> Tensor");
+  m.impl("cube", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(cube)));
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def shell():
+    sh = InteractiveShell.instance()
+    sh.run_line_magic("load_ext", "kernelkit")
+    return sh
+
+
+def test_split_cell_keeps_cell_line_numbers():
+    cell = "__global__ void k() {}\n// --- binding ---\nint f();\nint g();\n"
+    cuda, cpp = split_cell(cell, cpp_only=False)
+    # as the notebook shows it: line 1 is "%%kernelkit", line 2 the kernel, 3 the separator, 4 "int f();"
+    assert cuda.splitlines()[1] == "__global__ void k() {}"
+    assert cpp.splitlines()[3] == "int f();"
+    assert split_cell("int x;", cpp_only=True)[1].splitlines()[1] == "int x;"
+
+
+def test_magic_compiles_binds_and_reloads(shell):
+    shell.run_cell_magic("kernelkit", "cubes --cpp", CELL)
+    x = torch.tensor([1.0, -2.0, 3.0])
+    torch.testing.assert_close(shell.user_ns["cube"](x), x ** 3)
+    assert isinstance(shell.user_ns["cubes"], kernelkit.Library)
+    shell.run_cell_magic("kernelkit", "cubes --cpp", CELL.replace("x * x * x", "x * x * x + 1"))
+    torch.testing.assert_close(shell.user_ns["cube"](x), x ** 3 + 1)  # rebound to the new build
+
+
+def test_magic_error_names_cell_line(shell):
+    bad = CELL.replace("return x * x * x;", "return x * x * y;")
+    result = shell.run_cell("%%kernelkit cubes --cpp\n" + bad)  # a failed cell, as in a notebook
+    err = result.error_in_exec
+    assert isinstance(err, kernelkit.BuildError)
+    # the bad line is line 3 of the cell as shown (line 1 is the %%kernelkit line)
+    assert "cubes.cpp:3:" in str(err) and "return x * x * y;" in str(err)
+    assert err._render_traceback_() == [str(err)]  # IPython shows the mapped errors, no traceback
+
+
+def test_magic_usage_errors(shell):
+    with pytest.raises(ValueError, match="binding"):
+        shell.run_cell_magic("kernelkit", "nobinding", "__global__ void k() {}\n")
+    with pytest.raises(ValueError, match="usage"):
+        shell.run_cell_magic("kernelkit", "", CELL)
