@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 from . import build as _build
-from . import cache, cards, toolchain
+from . import aot, cache, cards, toolchain
 from .errors import KernelkitError
 from .library import Library
 from .progress import say
@@ -124,7 +124,12 @@ def _open(target: _build.Target, card: Optional[cards.Card], options: dict, do_l
                 lib.card, lib._options = card, options
             _LATEST[target.name] = lib
             return lib
-        so, cached, seconds = _build.build(target)
+        prebuilt = aot.find_prebuilt(target)
+        if prebuilt is not None:
+            so, cached, seconds = prebuilt, True, 0.0
+            say(f"{target.name}: using prebuilt {prebuilt}")
+        else:
+            so, cached, seconds = _build.build(target)
         if not do_load:
             return BuildInfo(target.name, target.key, so, cached, seconds)
         if cached:

@@ -80,8 +80,11 @@ class Library:
         mod = self.__dict__.get("_pymodule")
         if mod is not None and hasattr(mod, item):
             return getattr(mod, item)
-        if self.__dict__.get("ns") and item in self.op_names():
-            return getattr(torch.ops, self.ns).__getattr__(item)
+        if self.__dict__.get("ns"):
+            try:  # a direct lookup: listing every schema (op_names) costs tens of milliseconds
+                return getattr(getattr(torch.ops, self.ns), item)
+            except (AttributeError, RuntimeError):
+                pass
         raise AttributeError(f"{self.name} has no op or function {item!r}; it has: "
                              + (", ".join(self.functions()) or "nothing"))
 

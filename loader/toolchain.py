@@ -3,6 +3,8 @@ not a source file. Identities are cheap (stat, no process spawned) so a warm loa
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import logging
 import os
 import re
@@ -11,7 +13,7 @@ import shutil
 import sys
 import sysconfig
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -42,7 +44,7 @@ def cxx() -> str:
 def nvcc() -> str:
     env = os.environ.get("KERNELKIT_NVCC")
     candidates = [env] if env else []
-    home = cpp_extension().CUDA_HOME
+    home = facts()["cuda_home"]
     if home:
         candidates.append(os.path.join(home, "bin", "nvcc"))
     candidates.append(shutil.which("nvcc") or "")
@@ -75,18 +77,6 @@ def cpp_extension():
     return ce
 
 
-def pybind_abi_flags() -> List[str]:
-    """Flags that make a pybind11 module ABI-compatible with torch's own (empty on new torch)."""
-    import warnings
-
-    fn = getattr(cpp_extension(), "_get_pybind11_abi_build_flags", None)
-    if fn is None:
-        return []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return list(fn())
-
-
 def _paths(fn, device_type: str) -> List[str]:
     try:
         return list(fn(device_type=device_type))
@@ -94,14 +84,61 @@ def _paths(fn, device_type: str) -> List[str]:
         return list(fn(device_type == "cuda"))
 
 
+def _compute_facts() -> Dict[str, object]:
+    import warnings
+
+    ce = cpp_extension()
+    abi = getattr(ce, "_get_pybind11_abi_build_flags", None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pybind = list(abi()) if abi else []
+    cuda = torch_has_cuda()
+    return {
+        "cuda_home": ce.CUDA_HOME,
+        "include_cpu": _paths(ce.include_paths, "cpu"),
+        "include_cuda": _paths(ce.include_paths, "cuda") if cuda else [],
+        "lib_cpu": _paths(ce.library_paths, "cpu"),
+        "lib_cuda": _paths(ce.library_paths, "cuda") if cuda else [],
+        "nvcc_flags": list(ce.COMMON_NVCC_FLAGS),
+        "pybind_flags": pybind,
+    }
+
+
 @functools.lru_cache(maxsize=None)
+def facts() -> Dict[str, object]:
+    """torch's include/library paths, CUDA_HOME and nvcc flags. Importing torch.utils.cpp_extension
+    (it imports setuptools) costs ~0.2 s, so a warm load reads them from a small file in the cache,
+    keyed by everything they depend on."""
+    from . import cache
+
+    env = [os.environ.get(v, "") for v in ("CUDA_HOME", "CUDA_PATH", "PATH", "ROCM_HOME")]
+    key = hashlib.sha256("\0".join([torch.__file__, torch.__version__, *env]).encode()).hexdigest()[:24]
+    path = cache.cache_dir() / f"toolchain-{key}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
+    found = _compute_facts()
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(found))
+        os.replace(tmp, path)
+    except OSError:  # a read-only cache still works, just slower
+        pass
+    return found
+
+
+def pybind_abi_flags() -> List[str]:
+    """Flags that make a pybind11 module ABI-compatible with torch's own (empty on new torch)."""
+    return list(facts()["pybind_flags"])
+
+
 def torch_include_paths(cuda: bool) -> List[str]:
-    return _paths(cpp_extension().include_paths, "cuda" if cuda else "cpu")
+    return list(facts()["include_cuda" if cuda else "include_cpu"])
 
 
-@functools.lru_cache(maxsize=None)
 def torch_library_paths(cuda: bool) -> List[str]:
-    return _paths(cpp_extension().library_paths, "cuda" if cuda else "cpu")
+    return list(facts()["lib_cuda" if cuda else "lib_cpu"])
 
 
 def cxx11_abi() -> int:
@@ -115,7 +152,7 @@ def python_include() -> str:
 def torch_nvcc_flags() -> List[str]:
     """torch's own nvcc flags, needed only when a .cu includes torch headers (they disable cuda_fp16's
     operators, which would clash with c10::Half)."""
-    return list(cpp_extension().COMMON_NVCC_FLAGS)
+    return list(facts()["nvcc_flags"])
 
 
 @functools.lru_cache(maxsize=None)
