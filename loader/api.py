@@ -76,12 +76,6 @@ def _make_target(name: str, units: List[_build.Unit], with_cuda: bool, pymodule:
                          display, texts)
 
 
-def _check_cuda_possible(name: str) -> None:
-    if not toolchain.torch_has_cuda():
-        raise KernelkitError(f"{name} has CUDA sources, but this torch ({toolchain.torch.__version__}) is a "
-                             "CPU-only build: install a CUDA build of torch to compile it")
-
-
 def _plan_card(card: cards.Card, arch, extra_cflags, extra_cuda_cflags, extra_ldflags,
                extra_include_paths) -> _build.Target:
     spec = card.spec
@@ -90,7 +84,7 @@ def _plan_card(card: cards.Card, arch, extra_cflags, extra_cuda_cflags, extra_ld
     sources = card.sources()
     with_cuda = any(s.suffix == ".cu" for s in sources)
     if with_cuda:
-        _check_cuda_possible(card.name)
+        toolchain.check_cuda_match(f"card {card.name}")
     archs = toolchain.arch_list(arch) if with_cuda else []
     include_dirs = [card.dir, toolchain.CSRC] + [Path(p).resolve() for p in extra_include_paths]
     units, texts = [], {}
@@ -220,7 +214,7 @@ def load_inline(name: str, cuda: Optional[str] = None, cpp: Optional[str] = None
     include_dirs = [toolchain.CSRC] + incs
     with_cuda = bool(cuda)
     if with_cuda:
-        _check_cuda_possible(name)
+        toolchain.check_cuda_match(name)
     archs = toolchain.arch_list(arch) if with_cuda else []
     units, texts = [], {}
     if cuda:

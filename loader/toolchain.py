@@ -91,7 +91,8 @@ def _compute_facts() -> Dict[str, object]:
     abi = getattr(ce, "_get_pybind11_abi_build_flags", None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pybind = list(abi()) if abi else []
+        # torch writes them escaped for a shell/ninja line (-DX=\\"_gcc\\"); we pass argv directly
+        pybind = [f.replace('\\"', '"') for f in abi()] if abi else []
     cuda = torch_has_cuda()
     return {
         "cuda_home": ce.CUDA_HOME,
@@ -101,7 +102,33 @@ def _compute_facts() -> Dict[str, object]:
         "lib_cuda": _paths(ce.library_paths, "cuda") if cuda else [],
         "nvcc_flags": list(ce.COMMON_NVCC_FLAGS),
         "pybind_flags": pybind,
+        "cuda_toolkit_version": _toolkit_version(ce.CUDA_HOME),
     }
+
+
+def _toolkit_version(home: Optional[str]) -> Optional[str]:
+    """The CUDA toolkit's version from its cuda.h (no nvcc spawn), e.g. '13.0'."""
+    if not home:
+        return None
+    try:
+        with open(os.path.join(home, "include", "cuda.h"), errors="replace") as f:
+            m = re.search(r"#define\s+CUDA_VERSION\s+(\d+)", f.read(1 << 18))
+    except OSError:
+        return None
+    return f"{int(m.group(1)) // 1000}.{int(m.group(1)) % 1000 // 10}" if m else None
+
+
+def check_cuda_match(what: str) -> None:
+    """torch refuses code built by another CUDA major version; say so before compiling anything."""
+    if not torch_has_cuda():
+        raise KernelkitError(f"{what} has CUDA sources, but this torch ({torch.__version__}) is a CPU-only "
+                             "build: install a CUDA build of torch to compile it")
+    toolkit = facts().get("cuda_toolkit_version")
+    if toolkit and toolkit.split(".")[0] != str(torch.version.cuda).split(".")[0]:
+        raise KernelkitError(
+            f"{what}: this torch is built for CUDA {torch.version.cuda}, but the CUDA toolkit at "
+            f"{facts()['cuda_home']} is {toolkit}; code built by one CUDA major version cannot load into the "
+            "other. Install a torch build for that CUDA, or point CUDA_HOME / KERNELKIT_NVCC at a matching toolkit.")
 
 
 @functools.lru_cache(maxsize=None)
@@ -112,7 +139,7 @@ def facts() -> Dict[str, object]:
     from . import cache
 
     env = [os.environ.get(v, "") for v in ("CUDA_HOME", "CUDA_PATH", "PATH", "ROCM_HOME")]
-    key = hashlib.sha256("\0".join([torch.__file__, torch.__version__, *env]).encode()).hexdigest()[:24]
+    key = hashlib.sha256("\0".join(["facts-v3", torch.__file__, torch.__version__, *env]).encode()).hexdigest()[:24]
     path = cache.cache_dir() / f"toolchain-{key}.json"
     try:
         return json.loads(path.read_text())

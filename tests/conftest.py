@@ -13,10 +13,24 @@ import torch  # noqa: E402
 HAS_GPU = torch.cuda.is_available()
 
 
+def _cuda_build_problem():
+    """Why CUDA code cannot be compiled for this torch here (None if it can)."""
+    from kernelkit import toolchain
+
+    try:
+        toolchain.check_cuda_match("CUDA tests")
+        toolchain.nvcc()
+    except Exception as e:  # noqa: BLE001 - any reason is a reason to skip
+        return str(e)
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
-    if HAS_GPU:
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    problem = _cuda_build_problem()
+    no_nvcc = pytest.mark.skip(reason=f"cannot compile CUDA here: {problem}")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and not HAS_GPU:
+            item.add_marker(no_gpu)
+        elif "cuda_build" in item.keywords and problem:
+            item.add_marker(no_nvcc)

@@ -163,6 +163,7 @@ def test_load_inline_error_maps_to_string_lines():
     assert "return x + ;" in str(info.value)
 
 
+@pytest.mark.cuda_build
 def test_load_inline_cuda_error_maps_to_cell_line():
     cuda = "#include <cuda_runtime.h>\n__global__ void k(float* y) {\n  y[0] = nope;\n}\n"
     with pytest.raises(kernelkit.BuildError) as info:
@@ -291,6 +292,7 @@ def test_sigkill_mid_build_does_not_block(card_dir, tmp_path):
         assert (Path(e["path"]) / "manifest.json").is_file()
 
 
+@pytest.mark.cuda_build
 def test_cuda_card_compiles_and_links_with_explicit_arch(tmp_path):
     d = write_square(tmp_path / "cuda_cards")
     info = kernelkit.load("square", kernels_dir=d, arch="8.0;9.0", load=False)

@@ -1,0 +1,144 @@
+"""conv1d_gn_mish card: every (Cin, Cout, L) of the U-Net at batch 1 and 64 plus odd shapes against the
+reference (CUDA under `gpu`), the FiLM/residual epilogue, errors and fakes (CPU), compile-only build."""
+import pytest
+import torch
+
+import kernelkit
+import kernelkit.diffusion as kd
+from kernelkit.reference.conv1d_gn_mish import conv1d_gn_mish as ref
+from kernelkit.reference.unet1d import UNET_CONV_SHAPES
+from ops_helpers import DEVICES, lib
+
+CARD = "conv1d_gn_mish"
+IMPLS = ("fused", "cudnn")
+#: odd shapes: (B, Cin, Cout, L, K, groups) - Cin/Cout not multiples of 32, several length tiles, K 1/3/7,
+#: one group (slab over the register cache), L = 1
+ODD = ((3, 5, 8, 1, 5, 8), (2, 3, 24, 7, 3, 8), (5, 33, 40, 37, 5, 8), (1, 70, 24, 130, 7, 4), (2, 64, 64, 100, 5, 1),
+       (1, 1, 8, 9, 1, 2), (9, 40, 16, 20, 5, 8), (1, 600, 96, 3, 5, 8))
+
+
+@pytest.fixture(autouse=True)
+def no_tf32():
+    old = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False  # the reference's cuDNN conv in full float32
+    yield
+    torch.backends.cudnn.allow_tf32 = old
+
+
+def _inputs(b, cin, cout, length, k=5, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    bound = 1 / (cin * k) ** 0.5
+    x = torch.randn(b, cin, length, generator=g)
+    w = torch.randn(cout, cin, k, generator=g) * bound
+    bias = torch.randn(cout, generator=g) * bound
+    gamma = 1 + 0.1 * torch.randn(cout, generator=g)
+    beta = 0.1 * torch.randn(cout, generator=g)
+    return tuple(t.to(device) for t in (x, w, bias, gamma, beta))
+
+
+def _film(b, cout, length, device, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    embed = torch.randn(b, 2, cout, generator=g).to(device)  # the U-Net's (B, 2, C) FiLM: strided views
+    return embed[:, 0], embed[:, 1], torch.randn(b, cout, length, generator=g).to(device)
+
+
+def _close(got, exp):
+    torch.testing.assert_close(got, exp, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("batch", (1, 64))
+@pytest.mark.parametrize("shape", UNET_CONV_SHAPES + ((256, 256, 16),), ids=lambda s: "x".join(map(str, s)))
+def test_unet_shapes(shape, batch, impl):
+    args = _inputs(batch, *shape, device="cuda")
+    _close(kd.conv1d_gn_mish(*args, impl=impl), ref(*args))
+    scale, shift, res = _film(batch, shape[1], shape[2], "cuda")
+    _close(kd.conv1d_gn_mish(*args, 8, 1e-5, scale, shift, impl=impl), ref(*args, 8, 1e-5, scale, shift))
+    _close(kd.conv1d_gn_mish(*args, residual=res, impl=impl), ref(*args, residual=res))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("impl", IMPLS + ("auto",))
+@pytest.mark.parametrize("case", ODD, ids=lambda c: "x".join(map(str, c)))
+def test_odd_shapes(case, impl, device):
+    b, cin, cout, length, k, groups = case
+    x, w, bias, gamma, beta = _inputs(b, cin, cout, length, k, device)
+    scale, shift, res = _film(b, cout, length, device)
+    _close(kd.conv1d_gn_mish(x, w, bias, gamma, beta, groups, impl=impl), ref(x, w, bias, gamma, beta, groups))
+    _close(kd.conv1d_gn_mish(x, w, None, gamma, beta, groups, 1e-3, scale, shift, res, impl=impl),
+           ref(x, w, None, gamma, beta, groups, 1e-3, scale, shift, res))
+    # non-contiguous x and weight
+    xt = x.transpose(1, 2).contiguous().transpose(1, 2)
+    wt = w.permute(2, 0, 1).contiguous().permute(1, 2, 0)
+    _close(kd.conv1d_gn_mish(xt, wt, bias, gamma, beta, groups, impl=impl), ref(x, w, bias, gamma, beta, groups))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty(device):
+    for b, cin, cout, length in ((0, 4, 8, 5), (2, 4, 8, 0)):
+        args = _inputs(b, cin, cout, length, device=device)
+        assert kd.conv1d_gn_mish(*args).shape == (b, cout, length)
+
+
+@pytest.mark.gpu
+def test_large_values_and_deterministic():
+    x, w, bias, gamma, beta = _inputs(1, 1024, 1024, 4, device="cuda")
+    beta = beta + 30  # Mish far into its linear range
+    a = kd.conv1d_gn_mish(x, w, bias, gamma, beta, impl="fused")
+    _close(a, ref(x, w, bias, gamma, beta))
+    assert torch.equal(a, kd.conv1d_gn_mish(x, w, bias, gamma, beta, impl="fused"))
+
+
+def test_errors_cpu():
+    x, w, bias, gamma, beta = _inputs(2, 6, 16, 9)
+    cases = [
+        ((x[0], w, bias, gamma, beta), {}, "x must be 3-D"),
+        ((x, w[:, :5], bias, gamma, beta), {}, r"weight must have shape \(Cout, Cin=6, K\)"),
+        ((x, w[..., :4], bias, gamma, beta), {}, "must be odd"),
+        ((x, w, bias, gamma, beta, 3), {}, "must be divisible by groups"),
+        ((x, w, bias[:3], gamma, beta), {}, r"bias must have shape \(Cout,\)"),
+        ((x, w, bias, gamma[:2], beta), {}, r"gamma must have shape \(Cout,\)"),
+        ((x, w.double(), bias, gamma, beta), {}, "must have the same dtype"),
+        ((x.int(), w, bias, gamma, beta), {}, "must be a float32, float64, float16 or bfloat16"),
+        ((x, w, bias, gamma, beta, 8, 1e-5, torch.ones(2, 15)), {}, r"scale must have shape \(B, Cout\)"),
+        ((x, w, bias, gamma, beta, 8, 1e-5, None, None, torch.ones(2, 16, 8)), {}, "residual must have shape"),
+        ((x, w, bias, gamma, beta), {"impl": 7}, "impl must be 0"),
+    ]
+    for args, kw, msg in cases:
+        with pytest.raises(RuntimeError, match=msg):
+            kd.conv1d_gn_mish(*args, **kw)
+    with pytest.raises(ValueError, match="impl must be one of"):
+        kd.conv1d_gn_mish(x, w, bias, gamma, beta, impl="fast")
+
+
+@pytest.mark.gpu
+def test_errors_cuda():
+    x, w, bias, gamma, beta = _inputs(2, 6, 16, 9, device="cuda")
+    with pytest.raises(RuntimeError, match="float32 only"):
+        kd.conv1d_gn_mish(x.double(), w.double(), bias.double(), gamma.double(), beta.double())
+    with pytest.raises(RuntimeError, match="must be on the same device"):
+        kd.conv1d_gn_mish(x, w.cpu(), bias, gamma, beta)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_and_compile(device):
+    op = lib(CARD).conv1d_gn_mish.default
+    x, w, bias, gamma, beta = _inputs(2, 6, 16, 9, device=device)
+    scale, shift, res = _film(2, 16, 9, device)
+    torch.library.opcheck(op, (x, w, bias, gamma, beta, 8, 1e-5, scale, shift, res, 1))
+    if device == "cuda":
+        fn = torch.compile(lambda *a: kd.conv1d_gn_mish(*a) + 1, fullgraph=True)
+        _close(fn(x, w, bias, gamma, beta), ref(x, w, bias, gamma, beta) + 1)
+
+
+@pytest.mark.gpu
+def test_spec_check():
+    """kernelkit.check over the card's shapes (U-Net shapes at batch 1/64 and odd ones)."""
+    result = kernelkit.check(lib(CARD).spec, device="cuda", trials=2)
+    assert result.ok, result.details()
+
+
+def test_compiles_for_sm90():
+    info = kernelkit.load(CARD, arch="9.0", load=False)
+    assert info.path.exists()
