@@ -16,7 +16,13 @@ import re
 import shlex
 from typing import Optional, Tuple
 
+from pathlib import Path
+from typing import Dict
+
 from . import api
+
+#: name -> (line, cell) of the last %%kernelkit cell run with that name
+CELLS: Dict[str, Tuple[str, str]] = {}
 
 SEPARATOR = re.compile(r"^\s*//\s*-{2,}\s*binding\s*-{2,}\s*$", re.M)
 
@@ -56,10 +62,39 @@ def kernelkit_cell(line: str, cell: str, user_ns: dict):
                          "torch-facing C++ (or --cpp for a C++-only cell)")
     lib = api.load_inline(args.name, cuda=cuda, cpp=cpp, functions=args.functions, arch=args.arch,
                           extra_cflags=args.flags, extra_cuda_cflags=args.cuda_flags)
+    CELLS[args.name] = (line, cell)
     user_ns[args.name] = lib
     for fn in lib.functions():
         user_ns[fn] = getattr(lib, fn)
     return None
+
+
+def last_cell(name: str) -> str:
+    """The source of the last ``%%kernelkit NAME`` cell that compiled (to edit it from code)."""
+    if name not in CELLS:
+        raise KeyError(f"no %%kernelkit {name} cell has run in this session")
+    return CELLS[name][1]
+
+
+def promote(name: str, directory) -> Path:
+    """Write the last ``%%kernelkit NAME`` cell as a card (``NAME.cu`` + ``NAME.h``) in ``directory``,
+    ready for ``kernelkit.load(NAME, kernels_dir=directory)``. Returns the card's .h path."""
+    line, cell = CELLS[name] if name in CELLS else (None, None)
+    if cell is None:
+        raise KeyError(f"no %%kernelkit {name} cell has run in this session")
+    cpp_only = "--cpp" in shlex.split(line)
+    m = None if cpp_only else SEPARATOR.search(cell)
+    cuda, binding = (None, cell) if cpp_only else (cell[: m.start()], cell[m.end() + 1:]) if m else (cell, "")
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    header = d / f"{name}.h"
+    header.write_text(f"// {name}: promoted from a %%kernelkit cell\n#pragma once\n#ifdef KERNELKIT_BINDING\n"
+                      f"{binding.rstrip()}\n#endif  // KERNELKIT_BINDING\n")
+    if cuda is not None:
+        (d / f"{name}.cu").write_text(cuda)
+    else:  # a C++-only card: its source is the header's binding; an empty TU keeps the card shape
+        (d / f"{name}.cpp").write_text(f'#include "{name}.h"\n')
+    return header
 
 
 def register(ipython) -> None:

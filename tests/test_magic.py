@@ -44,6 +44,16 @@ def test_magic_compiles_binds_and_reloads(shell):
     torch.testing.assert_close(shell.user_ns["cube"](x), x ** 3 + 1)  # rebound to the new build
 
 
+def test_promote_cell_to_card(shell, tmp_path):
+    shell.run_cell_magic("kernelkit", "cubes --cpp", CELL)
+    header = kernelkit.magic.promote("cubes", tmp_path / "cards")
+    assert header.read_text().count("KERNELKIT_LIBRARY") == 1
+    lib = kernelkit.load("cubes", kernels_dir=tmp_path / "cards")
+    x = torch.tensor([2.0, -1.0])
+    torch.testing.assert_close(lib.cube(x), x ** 3)
+    assert kernelkit.magic.last_cell("cubes") == CELL
+
+
 def test_magic_error_names_cell_line(shell):
     bad = CELL.replace("return x * x * x;", "return x * x * y;")
     result = shell.run_cell("%%kernelkit cubes --cpp\n" + bad)  # a failed cell, as in a notebook

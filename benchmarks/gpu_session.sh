@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The GPU host run, in two phases that fit the device tool's 10-minute calls:
+#   bash benchmarks/gpu_session.sh test    # install, build every card, the GPU test suite
+#   bash benchmarks/gpu_session.sh bench   # kernelkit run + loader/diffusion benchmarks + triton cross-check
+# Wheels the host lacks travel in .whl/ (see the device docs); results go under $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/kk-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 KERNELKIT_CACHE_DIR=${KERNELKIT_CACHE_DIR:-/tmp/kk-gpu-cache}
+if [ -d .whl ] && [ ! -d /tmp/site ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+python3 -c "import kernelkit" 2>/dev/null || python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -3
+
+case "${1:-test}" in
+test)
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+  python3 -c "import torch, kernelkit; print('torch', torch.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/gpu.txt"
+  # build every card in parallel processes (16 cores) so the tests find them cached
+  python3 -c "import kernelkit; print('\n'.join(kernelkit.cards()))" | xargs -P 8 -I{} python3 -m kernelkit build {} > "$OUT/build.txt" 2>&1
+  tail -20 "$OUT/build.txt"
+  timeout ${TEST_TIMEOUT:-480} python3 -m pytest -m "gpu" -q -rfEs --durations=20 ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -60
+  ;;
+bench)
+  python3 -m kernelkit run --out "$OUT/run" 2>&1 | tail -40
+  python3 benchmarks/loader_bench.py --repeat ${LOADER_REPEAT:-2} --json "$OUT/loader_bench.json" 2>&1 | tail -12
+  ;;
+bench2)
+  timeout 300 python3 benchmarks/diffusion_bench.py --json "$OUT/diffusion_bench.json" 2>&1 | tail -30
+  [ -f benchmarks/crosscheck_triton.py ] && timeout 120 python3 benchmarks/crosscheck_triton.py 2>&1 | tail -10
+  ;;
+esac
