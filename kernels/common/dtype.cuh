@@ -1,0 +1,46 @@
+// Scalar types for kernelkit cards: accumulation types and half/bfloat16 conversions.
+//
+// Torch-free and host-compilable (the binding TU includes card headers that include this with g++).
+// Arithmetic on __half/__nv_bfloat16 is always done in float ("acc" type); double stays double.
+#pragma once
+
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#if defined(__CUDACC__)
+#define KK_HD __host__ __device__ __forceinline__
+#define KK_DEVICE __device__ __forceinline__
+#else
+#define KK_HD inline
+#endif
+
+namespace kk {
+
+// Accumulation ("opmath") type: float for float/half/bfloat16, double for double.
+template <typename T> struct AccType { using type = float; };
+template <> struct AccType<double> { using type = double; };
+template <typename T> using acc_t = typename AccType<T>::type;
+
+#if defined(__CUDACC__)
+KK_DEVICE float to_acc(float x) { return x; }
+KK_DEVICE double to_acc(double x) { return x; }
+KK_DEVICE float to_acc(__half x) { return __half2float(x); }
+KK_DEVICE float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// Round an accumulator back to the storage type (round to nearest even, like torch).
+template <typename T> KK_DEVICE T from_acc(acc_t<T> x) { return static_cast<T>(x); }
+template <> KK_DEVICE __half from_acc<__half>(float x) { return __float2half_rn(x); }
+template <> KK_DEVICE __nv_bfloat16 from_acc<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+#endif
+
+}  // namespace kk
+
+// Explicit instantiation of a card launcher `template <typename T> cudaError_t NAME(...)` for the four
+// floating dtypes. Usage: KK_INSTANTIATE_FLOATING(KK_MY_INST) with #define KK_MY_INST(T) template ...;
+#define KK_INSTANTIATE_FLOATING(INST) \
+  INST(float)                         \
+  INST(double)                        \
+  INST(__half)                        \
+  INST(__nv_bfloat16)

@@ -1,0 +1,59 @@
+// Launch math for grid-stride kernels: 64-bit indices, grids sized to fill the device once.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace kk {
+
+constexpr int kBlockSize = 256;
+constexpr int kMaxDevices = 64;
+
+// Streaming multiprocessors of the current device, cached per device (cudaDeviceGetAttribute is not
+// free on a hot path). Falls back to a conservative 132 if the query fails.
+inline int sm_count() {
+  static std::atomic<int> cache[kMaxDevices] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 132;
+  int n = cache[dev].load(std::memory_order_relaxed);
+  if (n == 0) {
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 132;
+    cache[dev].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+// Blocks for `work` independent items with `block` threads each handling one item per grid-stride
+// step: enough blocks to cover the work, capped at `waves` full waves of the device (the grid-stride
+// loop covers the rest, so any int64 size is handled). At least 1.
+inline unsigned grid_for(int64_t work, int block = kBlockSize, int waves = 1) {
+  const int64_t blocks_per_sm = 2048 / block;  // resident threads per SM on sm_80/sm_90
+  const int64_t cap = static_cast<int64_t>(sm_count()) * blocks_per_sm * waves;
+  int64_t need = (work + block - 1) / block;
+  if (need < 1) need = 1;
+  return static_cast<unsigned>(need < cap ? need : cap);
+}
+
+// Blocks of `block` threads of `kernel` resident on one SM (occupancy API), cached per device in `cache`
+// (give each kernel its own cache, e.g. a function-local static in the launcher template). At least 1.
+inline int resident_blocks_per_sm(const void* kernel, int block, std::atomic<int> (&cache)[kMaxDevices]) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 1;
+  int n = cache[dev].load(std::memory_order_relaxed);
+  if (n == 0) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block, 0) != cudaSuccess || n <= 0) n = 1;
+    cache[dev].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+#if defined(__CUDACC__)
+// Global thread index and grid stride in 64 bits (blockIdx.x * blockDim.x overflows 32 bits past 2^31).
+__device__ __forceinline__ int64_t global_thread_id() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t grid_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+#endif
+
+}  // namespace kk

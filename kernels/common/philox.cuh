@@ -1,0 +1,118 @@
+// Counter-based random numbers for kernels, graph-safe like PyTorch's own (see "CUDA Graph-safe RNG
+// states" in ATen/cuda/CUDAGeneratorImpl.h).
+//
+// Torch-free: the binding takes `gen->philox_cuda_state(increment)` under the generator's mutex and
+// copies the at::PhiloxCudaState fields into kk::PhiloxArgs (same meaning, plain POD); the kernel calls
+// kk::unpack() exactly like at::cuda::philox::unpack: while a CUDA graph is captured, seed and base
+// offset are read from device memory at kernel run time, so every replay draws fresh numbers.
+//
+// The generator is Philox4x32-10 with cuRAND's counter layout: for (seed, subsequence, offset) the
+// k-th 128-bit block equals what curand_init(seed, subsequence, offset) + k+1 calls of curand4() give
+// (offset a multiple of 4, as torch's generator offsets always are). Normals use cuRAND's Box-Muller
+// (curand_normal4 / curand_normal4_double), without pulling in the heavy <curand_kernel.h>.
+#pragma once
+
+#include <cstdint>
+
+#include "common/dtype.cuh"
+
+namespace kk {
+
+// Mirrors at::PhiloxCudaState.
+struct PhiloxArgs {
+  uint64_t seed = 0;                    // used when !captured
+  uint64_t offset = 0;                  // used when !captured
+  const int64_t* seed_ptr = nullptr;    // captured: device pointer to the seed
+  const int64_t* offset_ptr = nullptr;  // captured: device pointer to the graph's base offset
+  uint64_t offset_intragraph = 0;       // captured: offset of this kernel within the graph
+  bool captured = false;
+};
+
+// Philox counter increments (32-bit draws per subsequence) that one normal4<A>() call consumes; the
+// binding passes this to philox_cuda_state().
+template <typename A> constexpr uint64_t normal4_draws() { return sizeof(A) == 8 ? 8 : 4; }
+
+#if defined(__CUDACC__)
+
+KK_DEVICE void unpack(const PhiloxArgs& a, uint64_t& seed, uint64_t& offset) {
+  if (a.captured) {
+    seed = static_cast<uint64_t>(*a.seed_ptr);
+    offset = static_cast<uint64_t>(*a.offset_ptr) + a.offset_intragraph;
+  } else {
+    seed = a.seed;
+    offset = a.offset;
+  }
+}
+
+KK_DEVICE uint4 philox4x32_10(uint4 c, uint2 k) {
+  constexpr uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
+#pragma unroll
+  for (int r = 0; r < 10; ++r) {
+    if (r) {
+      k.x += W0;
+      k.y += W1;
+    }
+    const uint32_t hi0 = __umulhi(M0, c.x), lo0 = M0 * c.x;
+    const uint32_t hi1 = __umulhi(M1, c.z), lo1 = M1 * c.z;
+    c = make_uint4(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
+  }
+  return c;
+}
+
+// A stream of 128-bit random blocks for one (seed, subsequence, offset).
+struct Philox {
+  uint4 ctr;
+  uint2 key;
+  KK_DEVICE Philox(uint64_t seed, uint64_t subsequence, uint64_t offset) {
+    const uint64_t c = offset / 4;
+    ctr = make_uint4(static_cast<uint32_t>(c), static_cast<uint32_t>(c >> 32),
+                     static_cast<uint32_t>(subsequence), static_cast<uint32_t>(subsequence >> 32));
+    key = make_uint2(static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  }
+  KK_DEVICE uint4 next() {
+    const uint4 r = philox4x32_10(ctr, key);
+    if (++ctr.x == 0) ++ctr.y;  // offsets never reach 2^64 / 4: no carry into the subsequence words
+    return r;
+  }
+};
+
+// Box-Muller exactly as cuRAND's _curand_box_muller / _curand_box_muller_double.
+KK_DEVICE void box_muller(uint32_t x, uint32_t y, float& r0, float& r1) {
+  constexpr float k2Pow32Inv = 2.3283064e-10f;
+  constexpr float k2Pow32Inv2Pi = 2.3283064e-10f * 6.2831855f;
+  const float u = x * k2Pow32Inv + (k2Pow32Inv / 2.0f);  // (0, 1]: log is finite
+  const float v = y * k2Pow32Inv2Pi + (k2Pow32Inv2Pi / 2.0f);
+  const float s = sqrtf(-2.0f * logf(u));
+  __sincosf(v, &r0, &r1);
+  r0 *= s;
+  r1 *= s;
+}
+
+KK_DEVICE void box_muller(uint32_t x0, uint32_t x1, uint32_t y0, uint32_t y1, double& r0, double& r1) {
+  constexpr double k2Pow53Inv = 1.0 / 9007199254740992.0;
+  const unsigned long long zx = static_cast<unsigned long long>(x0) ^ (static_cast<unsigned long long>(x1) << 21);
+  const unsigned long long zy = static_cast<unsigned long long>(y0) ^ (static_cast<unsigned long long>(y1) << 21);
+  const double u = zx * k2Pow53Inv + (k2Pow53Inv / 2.0);
+  const double v = zy * (k2Pow53Inv * 2.0) + k2Pow53Inv;
+  const double s = sqrt(-2.0 * log(u));
+  sincospi(v, &r0, &r1);
+  r0 *= s;
+  r1 *= s;
+}
+
+// Four independent N(0, 1) draws in the accumulation type A (float or double).
+KK_DEVICE void normal4(Philox& g, float (&z)[4]) {
+  const uint4 r = g.next();
+  box_muller(r.x, r.y, z[0], z[1]);
+  box_muller(r.z, r.w, z[2], z[3]);
+}
+KK_DEVICE void normal4(Philox& g, double (&z)[4]) {
+  const uint4 a = g.next();
+  const uint4 b = g.next();
+  box_muller(a.x, a.y, a.z, a.w, z[0], z[1]);
+  box_muller(b.x, b.y, b.z, b.w, z[2], z[3]);
+}
+
+#endif  // __CUDACC__
+
+}  // namespace kk

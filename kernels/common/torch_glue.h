@@ -1,0 +1,241 @@
+// Torch-side helpers shared by card bindings (included only inside `#ifdef KERNELKIT_BINDING`, after
+// <kernelkit/binding.h>): argument checks with messages naming the argument, broadcasting, out= checks,
+// the CPU elementwise loop, dtype mapping to CUDA types and the graph-safe Philox state.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/MemoryOverlap.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#ifdef KERNELKIT_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common/philox.cuh"
+#endif
+
+// float32/float64/float16/bfloat16: the dtypes every elementwise card supports.
+#define KK_DISPATCH_FLOATING(TYPE, NAME, ...) \
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, NAME, __VA_ARGS__)
+
+namespace kk {
+
+inline bool is_supported_floating(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
+// `op: name must be a float32/float64/float16/bfloat16 tensor, got Int`.
+inline void check_floating(const char* op, const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.defined(), op, ": ", name, " is an undefined tensor");
+  TORCH_CHECK(is_supported_floating(t.scalar_type()), op, ": ", name,
+              " must be a float32, float64, float16 or bfloat16 tensor, got ", t.scalar_type());
+}
+
+// Same device and same dtype as the first tensor (no implicit promotion or transfers).
+inline void check_same_device_dtype(const char* op, const at::Tensor& a, const char* an, const at::Tensor& b,
+                                    const char* bn) {
+  TORCH_CHECK(a.device() == b.device(), op, ": ", an, " and ", bn,
+              " must be on the same device, got ", an, " on ", a.device(), " and ", bn, " on ", b.device());
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), op, ": ", an, " and ", bn,
+              " must have the same dtype, got ", an, " ", a.scalar_type(), " and ", bn, " ", b.scalar_type());
+}
+
+inline std::vector<int64_t> broadcast_shape(const char* op, const at::Tensor& a, const char* an,
+                                            const at::Tensor& b, const char* bn) {
+  try {
+    return at::infer_size(a.sizes(), b.sizes());
+  } catch (const c10::Error&) {
+    TORCH_CHECK(false, op, ": shapes of ", an, " ", a.sizes(), " and ", bn, " ", b.sizes(),
+                " cannot be broadcast together");
+  }
+  return {};
+}
+
+// A contiguous tensor of `shape` holding t broadcast to it (no copy when t already is one).
+inline at::Tensor expand_contiguous(const at::Tensor& t, at::IntArrayRef shape) {
+  if (t.sizes() == shape) return t.contiguous();
+  return t.expand(shape).contiguous();
+}
+
+// out= must match exactly: shape, dtype, device; it must not partially overlap an input.
+inline void check_out(const char* op, const at::Tensor& out, at::IntArrayRef shape, const at::Tensor& like) {
+  TORCH_CHECK(out.defined(), op, ": out is an undefined tensor");
+  TORCH_CHECK(out.device() == like.device(), op, ": out must be on ", like.device(), ", got ", out.device());
+  TORCH_CHECK(out.scalar_type() == like.scalar_type(), op, ": out must have dtype ", like.scalar_type(),
+              ", got ", out.scalar_type());
+  TORCH_CHECK(out.sizes() == shape, op, ": out must have shape ", shape, ", got ", out.sizes());
+}
+
+// Run `compute(dst)` on a contiguous destination and land the result in `out` (copying through a
+// temporary when out is not contiguous, or when it overlaps an input other than exactly).
+template <typename F>
+void write_into(const at::Tensor& out, std::initializer_list<at::Tensor> inputs, F&& compute) {
+  bool direct = out.is_contiguous();
+  for (const auto& in : inputs) {
+    if (!direct) break;
+    const auto o = at::get_overlap_status(out, in);
+    direct = o == at::MemOverlapStatus::No || o == at::MemOverlapStatus::Full;
+  }
+  if (direct) {
+    compute(out);
+  } else {
+    at::Tensor tmp = at::empty(out.sizes(), out.options().memory_format(at::MemoryFormat::Contiguous));
+    compute(tmp);
+    out.copy_(tmp);
+  }
+}
+
+// CPU elementwise loop: out[i] = f(in[i]...) in at::opmath_type (float for half/bfloat16), contiguous
+// tensors, parallelised with at::parallel_for.
+template <typename scalar_t, typename F, typename... Ts>
+void cpu_elementwise(const at::Tensor& out, F f, const Ts&... ins) {
+  using opmath = at::opmath_type<scalar_t>;
+  scalar_t* o = out.data_ptr<scalar_t>();
+  const int64_t n = out.numel();
+  auto ptrs = std::make_tuple(ins.template const_data_ptr<scalar_t>()...);
+  at::parallel_for(0, n, 32768, [&](int64_t begin, int64_t end) {
+    std::apply(
+        [&](auto... p) {
+          for (int64_t i = begin; i < end; ++i) o[i] = static_cast<scalar_t>(f(static_cast<opmath>(p[i])...));
+        },
+        ptrs);
+  });
+}
+
+#ifdef KERNELKIT_WITH_CUDA
+// at scalar type -> the CUDA type device code is instantiated for.
+template <typename T> struct cuda_type { using type = T; };
+template <> struct cuda_type<c10::Half> { using type = __half; };
+template <> struct cuda_type<c10::BFloat16> { using type = __nv_bfloat16; };
+
+template <typename T> typename cuda_type<T>::type* cuda_ptr(const at::Tensor& t) {
+  return reinterpret_cast<typename cuda_type<T>::type*>(t.data_ptr<T>());
+}
+template <typename T> const typename cuda_type<T>::type* cuda_cptr(const at::Tensor& t) {
+  return reinterpret_cast<const typename cuda_type<T>::type*>(t.const_data_ptr<T>());
+}
+
+inline void check_cuda(const char* op, const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got one on ", t.device(),
+              " (all tensor arguments must be on the same device)");
+}
+
+// Reserve `increment` Philox draws per subsequence from `gen` (or the default CUDA generator of the
+// current device), graph-safe: under capture the state holds device pointers read at replay.
+inline PhiloxArgs philox_args(const std::optional<at::Generator>& gen, uint64_t increment) {
+  auto* g = at::get_generator_or_default<at::CUDAGeneratorImpl>(gen, at::cuda::detail::getDefaultCUDAGenerator());
+  at::PhiloxCudaState st;
+  {
+    std::lock_guard<std::mutex> lock(g->mutex_);
+    st = g->philox_cuda_state(increment);
+  }
+  PhiloxArgs a;
+  a.captured = st.captured_;
+  if (st.captured_) {
+    a.seed_ptr = st.seed_.ptr;
+    a.offset_ptr = st.offset_.ptr;
+    a.offset_intragraph = st.offset_intragraph_;
+  } else {
+    a.seed = st.seed_.val;
+    a.offset = st.offset_.val;
+  }
+  return a;
+}
+#endif
+
+}  // namespace kk
+
+namespace kk {
+
+// Checked, broadcast, contiguous operands of a binary elementwise op named `op` with arguments an/bn.
+struct BinaryOperands {
+  std::vector<int64_t> shape;
+  at::Tensor a, b;
+};
+inline BinaryOperands binary_operands(const char* op, const at::Tensor& a, const char* an, const at::Tensor& b,
+                                      const char* bn) {
+  check_floating(op, a, an);
+  check_floating(op, b, bn);
+  check_same_device_dtype(op, a, an, b, bn);
+  auto shape = broadcast_shape(op, a, an, b, bn);
+  return {shape, expand_contiguous(a, shape), expand_contiguous(b, shape)};
+}
+
+}  // namespace kk
+
+namespace kk {
+
+// ---- autograd in C++ ------------------------------------------------------------------------------
+// A Python autograd kernel (torch.library.register_autograd) costs ~8 us on every call, even when no
+// gradient is needed; these C++ helpers keep the inference path at dispatcher speed.
+//
+// autograd_kernel<Fn> is a boxed kernel for the Autograd key: when grad mode is off or no tensor argument
+// requires grad it redispatches straight below autograd (no node, no Python); otherwise it runs
+// Fn::apply_boxed(op, stack), where Fn is a torch::autograd::Function whose forward redispatches through
+// `op` (so FakeTensor / functionalization keys below autograd still see the call).
+template <typename Fn>
+void autograd_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  bool needs_grad = false;
+  if (at::GradMode::is_enabled()) {
+    for (size_t i = stack->size() - n; i < stack->size() && !needs_grad; ++i) {
+      const c10::IValue& v = (*stack)[i];
+      needs_grad = v.isTensor() && v.toTensor().requires_grad();
+    }
+  }
+  if (!needs_grad) {
+    op.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
+    return;
+  }
+  Fn::apply_boxed(op, stack);
+}
+
+// Register autograd_kernel<Fn> for `name` (call inside KERNELKIT_LIBRARY).
+template <typename Fn> void impl_autograd(torch::Library& m, const char* name) {
+  m.impl(name, torch::dispatch(c10::DispatchKey::Autograd,
+                               torch::CppFunction::makeFromBoxedFunction<&autograd_kernel<Fn>>()));
+}
+
+// The op `name` in the namespace of `op` (e.g. a card's backward op), typed with signature Sig.
+template <typename Sig>
+c10::TypedOperatorHandle<Sig> sibling_op(const std::string& qualname_of_op, const char* name) {
+  const std::string ns = qualname_of_op.substr(0, qualname_of_op.find("::"));
+  return c10::Dispatcher::singleton().findSchemaOrThrow((ns + "::" + name).c_str(), "").typed<Sig>();
+}
+
+using BinarySig = at::Tensor(const at::Tensor&, const at::Tensor&);
+using UnarySig = at::Tensor(const at::Tensor&);
+
+// Pop the last n arguments of a boxed call (in order).
+inline std::vector<c10::IValue> pop_args(torch::jit::Stack* stack, size_t n) {
+  std::vector<c10::IValue> args(std::make_move_iterator(stack->end() - n), std::make_move_iterator(stack->end()));
+  stack->erase(stack->end() - n, stack->end());
+  return args;
+}
+
+}  // namespace kk
+
+// Launch a card's CUDA launcher under a device guard for `device` and check its cudaError_t. The
+// launcher expression should take at::cuda::getCurrentCUDAStream() (evaluated under the guard).
+#ifdef KERNELKIT_WITH_CUDA
+#define KK_CUDA_LAUNCH(device, expr)                    \
+  do {                                                  \
+    const c10::cuda::CUDAGuard kk_device_guard_(device); \
+    KERNELKIT_CUDA_CHECK(expr);                         \
+  } while (0)
+#else
+#define KK_CUDA_LAUNCH(device, expr) TORCH_CHECK(false, "kernelkit: this card was built without CUDA")
+#endif

@@ -1,0 +1,75 @@
+// elementwise_mul: out = a * b (broadcasting like torch.mul), float32/float64/float16/bfloat16.
+// Autograd in C++ (grad_a = g * b, grad_b = g * a, each summed over its broadcast dims, only the
+// needed ones) reuses this op for the products, so double backward works too.
+#pragma once
+
+#include <cstdint>
+
+#include "common/dtype.cuh"
+
+namespace kk {
+
+template <typename A> struct MulOp {
+  KK_HD A operator()(A a, A b) const { return a * b; }
+};
+
+// out[i] = a[i] * b[i] for i < n, on `stream`. `out` may alias a or b exactly.
+template <typename T> cudaError_t elementwise_mul_cuda(const T* a, const T* b, T* out, int64_t n, cudaStream_t stream);
+
+}  // namespace kk
+
+#ifdef KERNELKIT_BINDING
+#include "common/torch_glue.h"
+
+namespace kk {
+
+inline at::Tensor elementwise_mul(const at::Tensor& a, const at::Tensor& b) {
+  auto ops = binary_operands("elementwise_mul", a, "a", b, "b");
+  at::Tensor out = at::empty(ops.shape, ops.a.options());
+  KK_DISPATCH_FLOATING(out.scalar_type(), "elementwise_mul", [&] {
+    if (out.is_cuda()) {
+      KK_CUDA_LAUNCH(out.device(), elementwise_mul_cuda(cuda_cptr<scalar_t>(ops.a), cuda_cptr<scalar_t>(ops.b),
+                                                        cuda_ptr<scalar_t>(out), out.numel(),
+                                                        at::cuda::getCurrentCUDAStream()));
+    } else {
+      cpu_elementwise<scalar_t>(out, MulOp<at::opmath_type<scalar_t>>{}, ops.a, ops.b);
+    }
+  });
+  return out;
+}
+
+struct MulAutograd : torch::autograd::Function<MulAutograd> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b,
+                            const c10::OperatorHandle* op) {
+    ctx->save_for_backward({a, b});
+    ctx->saved_data["op"] = op->schema().name();
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return op->typed<BinarySig>().call(a, b);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &a = saved[0], &b = saved[1], &g = grads[0];
+    const auto mul = sibling_op<BinarySig>(ctx->saved_data["op"].toStringRef(), "elementwise_mul");
+    at::Tensor ga, gb;
+    if (ctx->needs_input_grad(0)) ga = at::sum_to(mul.call(g, b), a.sym_sizes());
+    if (ctx->needs_input_grad(1)) gb = at::sum_to(mul.call(g, a), b.sym_sizes());
+    return {ga, gb, at::Tensor()};
+  }
+  static void apply_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    auto args = pop_args(stack, 2);
+    torch::jit::push(stack, apply(args[0].toTensor(), args[1].toTensor(), &op));
+  }
+};
+
+}  // namespace kk
+
+KERNELKIT_LIBRARY(m) {
+  m.def("elementwise_mul(Tensor a, Tensor b) -> Tensor");
+  m.impl("elementwise_mul", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(kk::elementwise_mul)));
+  kk::impl_autograd<kk::MulAutograd>(m, "elementwise_mul");
+#ifdef KERNELKIT_WITH_CUDA
+  m.impl("elementwise_mul", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(kk::elementwise_mul)));
+#endif
+}
+#endif  // KERNELKIT_BINDING

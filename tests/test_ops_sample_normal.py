@@ -1,0 +1,220 @@
+"""kernelkit.ops.sample_normal: X = mu[:, None] + sigma[:, None] * z, z iid N(0, 1) (statistics, not equality).
+
+CPU (CI): the at::randn path end to end. CUDA (`gpu`): the in-kernel Philox sampler, graph-safe.
+"""
+import pytest
+import torch
+
+from kernelkit import ops
+from ops_helpers import (DEVICES, check_independent_rows, check_normal_rows, ks_pvalue, lib,
+                         max_cross_correlation, noncontig)
+
+CARD = "sample_normal"
+
+
+def spec():
+    return lib(CARD).spec
+
+
+def seed_all(seed):
+    torch.manual_seed(seed)  # CPU and every CUDA device
+
+
+def shared_z_sampler(mu, sigma, n):
+    """The seed's bug, in pure torch: one z row reused for every dimension."""
+    z = torch.randn(n, dtype=mu.dtype, device=mu.device)
+    return mu[:, None] + sigma[:, None] * z[None, :]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64), ids=str)
+def test_statistics(device, dtype):
+    seed_all(0)
+    mu = torch.randn(64, dtype=dtype, device=device) * 3
+    sigma = torch.rand(64, dtype=dtype, device=device) * 2 + 0.1
+    x = ops.sample_normal(mu, sigma, 4096)
+    assert x.shape == (64, 4096) and x.dtype == dtype and x.device.type == device
+    check_normal_rows(x, mu, sigma)
+    assert ks_pvalue(x, mu, sigma) > 1e-4
+    for i in (0, 17, 63):  # per-row KS too
+        assert ks_pvalue(x[i:i + 1], mu[i:i + 1], sigma[i:i + 1]) > 1e-4
+    check_independent_rows(x, mu, sigma)
+
+
+def test_correlation_test_catches_the_shared_z_bug():
+    seed_all(0)
+    mu, sigma = torch.randn(64), torch.rand(64) + 0.5
+    x = shared_z_sampler(mu, sigma, 4096)
+    check_normal_rows(x, mu, sigma, z_bound=50)  # each row alone can look fine...
+    assert max_cross_correlation((x - mu[:, None]) / sigma[:, None]) > 0.99  # ...but the rows are one row
+    with pytest.raises(AssertionError, match="rows are correlated"):
+        check_independent_rows(x, mu, sigma)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16), ids=str)
+def test_half_types(device, dtype):
+    seed_all(1)
+    mu, sigma = torch.randn(32, device=device).to(dtype), (torch.rand(32, device=device) + 0.5).to(dtype)
+    x = ops.sample_normal(mu, sigma, 2048)
+    assert x.dtype == dtype and torch.isfinite(x).all()
+    check_normal_rows(x, mu, sigma, z_bound=8)  # rounding of 8-bit/11-bit mantissas
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_shapes_empty_and_odd(device):
+    g = torch.Generator(device=device).manual_seed(3) if device == "cpu" else None
+    for d, n in spec().shapes:
+        mu, sigma, n = spec().make_inputs((d, n), device=device, generator=g)
+        x = ops.sample_normal(mu, sigma, n)
+        assert x.shape == (d, n) and torch.isfinite(x).all()
+    mu = noncontig(torch.randn(9, device=device))
+    sigma = noncontig(torch.rand(9, device=device) + 1)
+    x = ops.sample_normal(mu, sigma, 1001)
+    check_normal_rows(x, mu, sigma, z_bound=6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_same_seed_same_samples(device):
+    mu, sigma = torch.randn(10, device=device), torch.rand(10, device=device) + 0.5
+    seed_all(1234)
+    a = ops.sample_normal(mu, sigma, 333)
+    b = ops.sample_normal(mu, sigma, 333)
+    seed_all(1234)
+    a2 = ops.sample_normal(mu, sigma, 333)
+    assert torch.equal(a, a2) and not torch.equal(a, b)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(7)
+    c = ops.sample_normal(mu, sigma, 333, generator=gen)
+    gen.manual_seed(7)
+    assert torch.equal(c, ops.sample_normal(mu, sigma, 333, generator=gen))
+    assert not torch.equal(c, a)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_out(device):
+    mu, sigma = torch.randn(20, device=device), torch.rand(20, device=device) + 0.5
+    out = torch.full((20, 2000), float("nan"), device=device)
+    assert ops.sample_normal(mu, sigma, 2000, out=out) is out
+    check_normal_rows(out, mu, sigma)
+    nc = noncontig(torch.full((20, 2000), float("nan"), device=device))
+    ops.sample_normal(mu, sigma, 2000, out=nc)
+    check_normal_rows(nc, mu, sigma)
+    with pytest.raises(ValueError, match="out must have shape"):
+        ops.sample_normal(mu, sigma, 5, out=out)
+    with pytest.raises(RuntimeError, match="out must have shape"):
+        ops.sample_normal(mu, sigma, 2000, out=torch.empty(21, 2000, device=device))
+    with pytest.raises(RuntimeError, match="out must have dtype"):
+        ops.sample_normal(mu, sigma, 2000, out=out.double())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_inputs(device):
+    mu, sigma = torch.randn(5, device=device), torch.rand(5, device=device)
+    with pytest.raises(RuntimeError, match="mu and sigma must have the same dtype"):
+        ops.sample_normal(mu, sigma.double(), 3)
+    with pytest.raises(RuntimeError, match="sigma must have the shape of mu"):
+        ops.sample_normal(mu, sigma[:4], 3)
+    with pytest.raises(RuntimeError, match="mu must be 1-D"):
+        ops.sample_normal(mu[None], sigma[None], 3)
+    with pytest.raises(RuntimeError, match="n must be >= 0"):
+        ops.sample_normal(mu, sigma, -1)
+    with pytest.raises(RuntimeError, match="mu must be a float32"):
+        ops.sample_normal(mu.int(), sigma.int(), 3)
+    other = "cuda" if device == "cpu" else "cpu"
+    if other == "cpu" or torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="generator must be a"):
+            ops.sample_normal(mu, sigma, 3, generator=torch.Generator(device=other))
+
+
+@pytest.mark.gpu
+def test_device_mix_errors():
+    mu = torch.randn(5, device="cuda")
+    with pytest.raises(RuntimeError, match="mu and sigma must be on the same device"):
+        ops.sample_normal(mu, mu.cpu(), 3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    mu, sigma = torch.randn(6, device=device, dtype=torch.float64), torch.rand(6, device=device, dtype=torch.float64)
+    torch.library.opcheck(lib(CARD).ops.sample_normal.default, (mu, sigma, 100))
+    out = torch.empty(6, 100, device=device, dtype=torch.float64)
+    torch.library.opcheck(lib(CARD).ops.sample_normal_out.default, (mu, sigma, out))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph(device):
+    torch._dynamo.reset()
+
+    @torch.compile(fullgraph=True)
+    def cem_step(mu, sigma, out):
+        x = ops.sample_normal(mu, sigma, 4096)
+        y = ops.sample_normal(mu, sigma, 4096)  # must not be CSE'd into x
+        ops.sample_normal(mu, sigma, out.shape[1], out=out)
+        return x, y
+
+    mu, sigma = torch.randn(16, device=device), torch.rand(16, device=device) + 0.5
+    out = torch.empty(16, 512, device=device)
+    x, y = cem_step(mu, sigma, out)
+    assert not torch.equal(x, y)
+    check_normal_rows(x, mu, sigma)
+    check_normal_rows(out, mu, sigma)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_gives_fresh_samples():
+    d, n = 48, 4099  # n not a multiple of 4: the scalar store path
+    mu, sigma = torch.randn(d, device="cuda"), torch.rand(d, device="cuda") + 0.5
+    out = torch.empty(d, n, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        ops.sample_normal(mu, sigma, n, out=out)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.sample_normal(mu, sigma, n, out=out)
+        y = ops.sample_normal(mu, sigma, 1024)
+    samples = []
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        samples.append((out.clone(), y.clone()))
+        check_normal_rows(out, mu, sigma)
+        check_independent_rows(out, mu, sigma)
+        check_normal_rows(y, mu, sigma)
+    assert not torch.equal(samples[0][0], samples[1][0]) and not torch.equal(samples[1][0], samples[2][0])
+    assert not torch.equal(samples[0][1], samples[1][1])
+    assert not torch.equal(samples[0][0][:, :1024], samples[0][1])  # two kernels in one graph differ too
+    # and the whole graph is reproducible from a seed
+    torch.cuda.manual_seed(99)
+    graph.replay()
+    a = out.clone()
+    torch.cuda.manual_seed(99)
+    graph.replay()
+    assert torch.equal(a, out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,n", [(100000, 1024), (1, 1 << 24), (70000, 3)])
+def test_large_and_skinny(d, n):
+    seed_all(5)
+    mu, sigma = torch.randn(d, device="cuda"), torch.rand(d, device="cuda") + 0.5
+    x = ops.sample_normal(mu, sigma, n)
+    assert torch.isfinite(x).all()
+    rows = torch.randperm(d)[:256].cuda()
+    check_normal_rows(x[rows], mu[rows], sigma[rows], z_bound=6)
+    assert ks_pvalue(x[rows][:, :4096], mu[rows], sigma[rows]) > 1e-4
+    if n >= 1024 and d >= 64:
+        check_independent_rows(x[rows[:64]], mu[rows[:64]], sigma[rows[:64]])
+
+
+@pytest.mark.gpu
+def test_misaligned_out_and_double_stream():
+    mu, sigma = torch.randn(40, device="cuda", dtype=torch.float64), torch.rand(40, device="cuda", dtype=torch.float64) + 1
+    buf = torch.empty(40 * 1024 + 1, device="cuda", dtype=torch.float64)
+    out = buf[1:].view(40, 1024)  # contiguous but not 32-byte aligned: scalar stores
+    ops.sample_normal(mu, sigma, 1024, out=out)
+    check_normal_rows(out, mu, sigma)
+    check_independent_rows(out, mu, sigma)
+    assert ks_pvalue(out, mu, sigma) > 1e-4
