@@ -103,6 +103,8 @@ inline at::Tensor conv1d_gn_mish(const at::Tensor& x, const at::Tensor& weight, 
   const int64_t B = x.size(0), Cin = x.size(1), L = x.size(2), Cout = weight.size(0), K = weight.size(2);
   TORCH_CHECK(K % 2 == 1 && K <= kConvMaxK, op, ": kernel size K = weight.size(2) must be odd and <= ", kConvMaxK,
               " (padding K // 2 keeps the length), got ", K);
+  TORCH_CHECK(L >= 1, op, ": x must have length L >= 1 (as for conv1d: the padded input must be at least K long), got "
+              "shape ", x.sizes());
   TORCH_CHECK(groups > 0 && Cout % groups == 0, op, ": Cout = ", Cout, " must be divisible by groups = ", groups);
   TORCH_CHECK(eps >= 0, op, ": eps must be >= 0, got ", eps);
   const std::vector<int64_t> per_channel{Cout};

@@ -97,3 +97,13 @@ class Spec:
 
     def default_sources(self) -> Sequence[str]:
         return list(self.sources) if self.sources is not None else []
+
+
+def load_card(name: str, kernels_dir: Any = None) -> Tuple[Spec, Callable[..., Any]]:
+    """Build/load the card ``name`` and return (its spec, its public op)."""
+    api = importlib.import_module(__package__ + ".api")
+    lib = api.load(name, kernels_dir=kernels_dir)
+    if lib.spec is None:
+        errors = importlib.import_module(__package__ + ".errors")
+        raise errors.KernelkitError(f"card {name!r} has no spec ({name}.py defining SPEC)")
+    return lib.spec, lib.spec.resolve_op(lib)

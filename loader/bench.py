@@ -1,0 +1,506 @@
+"""kernelkit.bench: how fast is an op, side by side with eager PyTorch, torch.compile and the floor?
+
+GPU timing follows triton.testing.do_bench: CUDA events around each call, a 256 MB write between calls to
+flush L2, warm-up, and a repeat count chosen to fill a time budget; median and p20/p80 are reported.
+Optional CUDA-graph mode replays a captured call (no launch overhead). Host overhead (wall time per call
+on a tiny input, no sync) is measured separately against torch.add's. The floor is bytes moved / the
+device's bandwidth, measured once with a large device-to-device copy and cached. On a CPU the same
+sweep runs with a host timer (time.perf_counter), so CI exercises the whole path.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import dataclasses
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from . import report
+from .spec import Spec, load_card
+
+L2_FLUSH_BYTES = 256 << 20
+_FLUSH: Dict[torch.device, torch.Tensor] = {}
+
+
+@dataclasses.dataclass
+class Timing:
+    median_us: float
+    p20_us: float
+    p80_us: float
+    mean_us: float
+    min_us: float
+    reps: int
+    timer: str
+
+    @classmethod
+    def from_samples(cls, samples_us: Sequence[float], timer: str) -> "Timing":
+        qs = statistics.quantiles(samples_us, n=10, method="inclusive") if len(samples_us) > 1 else [samples_us[0]] * 9
+        return cls(statistics.median(samples_us), qs[1], qs[7], statistics.fmean(samples_us), min(samples_us),
+                   len(samples_us), timer)
+
+
+# ---------------------------------------------------------------------------------------------- timers
+
+def _flush_buffer(device: torch.device) -> torch.Tensor:
+    if device not in _FLUSH:
+        _FLUSH[device] = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device)
+    return _FLUSH[device]
+
+
+def _graphed(fn: Callable[[], Any], device: torch.device) -> Callable[[], Any]:
+    """Capture one call of ``fn`` in a CUDA graph (after warm-up on a side stream); return its replay."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def _repeats(est_s: float, budget_ms: float, min_reps: int, max_reps: int) -> int:
+    return int(min(max_reps, max(min_reps, budget_ms * 1e-3 / max(est_s, 1e-9))))
+
+
+def time_cuda(fn: Callable[[], Any], device=None, *, budget_ms: float = 100.0, warmup_ms: float = 25.0,
+              flush: bool = True, graph: bool = False, min_reps: int = 10, max_reps: int = 10000) -> Timing:
+    """Device time of ``fn()`` with CUDA events, one event pair per call, L2 flushed before each call."""
+    device = torch.device(device if device is not None else "cuda")
+    with torch.cuda.device(device):
+        if graph:
+            fn = _graphed(fn, device)
+        buf = _flush_buffer(device) if flush else None
+        fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            if buf is not None:
+                buf.zero_()
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        est_s = start.elapsed_time(end) / 5 * 1e-3  # includes the flush, like do_bench's estimate
+        for _ in range(max(1, int(warmup_ms * 1e-3 / max(est_s, 1e-9)))):
+            fn()
+        reps = _repeats(est_s, budget_ms, min_reps, max_reps)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for s, e in zip(starts, ends):
+            if buf is not None:
+                buf.zero_()  # device busy flushing while the host queues the timed call: no launch gap timed
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize()
+    return Timing.from_samples([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)],
+                               "cuda-graph" if graph else "cuda-events")
+
+
+def time_host(fn: Callable[[], Any], *, budget_ms: float = 50.0, warmup_ms: float = 10.0, min_reps: int = 5,
+              max_reps: int = 10000) -> Timing:
+    """Wall time of ``fn()`` with time.perf_counter: calls shorter than ~20 µs are timed in batches."""
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        fn()
+    est_s = (time.perf_counter() - t0) / 3
+    batch = max(1, int(20e-6 / max(est_s, 1e-9)))
+    deadline = time.perf_counter() + warmup_ms * 1e-3
+    while time.perf_counter() < deadline:
+        fn()
+    samples = []
+    for _ in range(_repeats(est_s * batch, budget_ms, min_reps, max_reps)):
+        t0 = time.perf_counter()
+        for _ in range(batch):
+            fn()
+        samples.append((time.perf_counter() - t0) / batch * 1e6)
+    return Timing.from_samples(samples, "host")
+
+
+def time_fn(fn: Callable[[], Any], device=None, **kw) -> Timing:
+    """CUDA events on a CUDA device, the host timer elsewhere (``graph``/``flush`` apply to CUDA only)."""
+    device = torch.device(device if device is not None else "cpu")
+    if device.type == "cuda":
+        return time_cuda(fn, device, **kw)
+    kw.pop("graph", None)
+    kw.pop("flush", None)
+    return time_host(fn, **kw)
+
+
+def host_overhead_us(fn: Callable[[], Any], device=None, calls: int = 100, repeats: int = 5) -> float:
+    """Wall time per call with no synchronisation inside the loop: what the host spends launching."""
+    device = torch.device(device if device is not None else "cpu")
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
+    fn()
+    sync(device)
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+        sync(device)
+    return statistics.median(samples)
+
+
+# ------------------------------------------------------------------------------------------ bandwidth
+
+def _cache_dir() -> Path:
+    try:
+        from .cache import cache_dir
+
+        return Path(cache_dir())
+    except ImportError:  # harness used without the loader core, or without platformdirs
+        env = os.environ.get("KERNELKIT_CACHE_DIR")
+        if env:
+            return Path(env)
+        try:
+            import platformdirs
+
+            return Path(platformdirs.user_cache_dir("kernelkit"))
+        except ImportError:
+            return Path.home() / ".cache" / "kernelkit"
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
+
+
+def _device_key(device: torch.device) -> str:
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        return f"cuda|{p.name}|cc{p.major}.{p.minor}|{p.total_memory}|{getattr(p, 'uuid', '')}"
+    return f"cpu|{device_name(device)}|{platform.node()}"
+
+
+def device_bandwidth(device=None, *, refresh: bool = False) -> float:
+    """Bytes/s (read + write) of a large device-to-device copy; measured once per device, cached in
+    ``<cache dir>/bandwidth.json``."""
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    path = _cache_dir() / "bandwidth.json"
+    key = _device_key(device)
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if not refresh and key in known:
+        return float(known[key]["bytes_per_s"])
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        nbytes = int(min(1 << 30, free // 8))
+    else:
+        nbytes = 1 << 27
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    t = time_fn(lambda: dst.copy_(src), device, flush=False, budget_ms=300, min_reps=10)
+    bw = 2 * nbytes / (t.median_us * 1e-6)
+    known[key] = {"bytes_per_s": bw, "nbytes": nbytes, "median_us": t.median_us, "torch": torch.__version__,
+                  "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(known, indent=1))
+    os.replace(tmp, path)  # atomic: concurrent measurers never leave a torn file
+    return bw
+
+
+def tensor_bytes(*xs: Any) -> int:
+    """Bytes of every tensor in ``xs`` (nested tuples/lists too): the default bytes-moved estimate."""
+    total = 0
+    for x in xs:
+        if isinstance(x, torch.Tensor):
+            total += x.numel() * x.element_size()
+        elif isinstance(x, (tuple, list)):
+            total += tensor_bytes(*x)
+    return total
+
+
+# --------------------------------------------------------------------------------------------- results
+
+@dataclasses.dataclass
+class BenchResult:
+    name: str
+    device: str
+    device_name: str
+    dtype: str
+    timer: str
+    bandwidth_bytes_per_s: Optional[float]
+    contenders: List[str]
+    rows: List[dict] = dataclasses.field(default_factory=list)  # one per (size, contender), floor included
+    host_us: Dict[str, float] = dataclasses.field(default_factory=dict)
+    notes: List[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def sizes(self) -> List[Tuple[int, ...]]:
+        return list(dict.fromkeys(tuple(r["size"]) for r in self.rows))
+
+    def get(self, contender: str, size=None) -> Optional[dict]:
+        size = tuple(size) if size is not None else self.sizes[-1]
+        return next((r for r in self.rows if r["contender"] == contender and tuple(r["size"]) == size), None)
+
+    def median_us(self, contender: str, size=None) -> Optional[float]:
+        row = self.get(contender, size)
+        return row["median_us"] if row else None
+
+    def speedup(self, contender: str, baseline: str = "eager", size=None) -> Optional[float]:
+        a, b = self.median_us(contender, size), self.median_us(baseline, size)
+        return b / a if a and b else None
+
+    def headers(self) -> List[str]:
+        h = ["size"] + self.contenders + (["floor", f"% bw ({self.contenders[0]})"] if self.bandwidth_bytes_per_s else [])
+        return h + [f"{c} vs eager" for c in self.contenders if c != "eager" and "eager" in self.contenders]
+
+    def table_rows(self) -> List[list]:
+        out = []
+        for size in self.sizes:
+            row: List[Any] = [report.fmt_shape(size)]
+            for c in self.contenders:
+                r = self.get(c, size)
+                if r is None or r.get("error"):
+                    row.append("error" if r else "-")
+                else:
+                    row.append(f"{report.fmt_us(r['median_us'])} ({report.fmt_spread(r['p20_us'], r['p80_us'], r['median_us'])})")
+            if self.bandwidth_bytes_per_s:
+                first = self.get(self.contenders[0], size)
+                row += [report.fmt_us(self.median_us("floor", size)),
+                        f"{first['pct_bw']:.0f}%" if first and first.get("pct_bw") is not None else "-"]
+            for c in self.contenders:
+                if c != "eager" and "eager" in self.contenders:
+                    s = self.speedup(c, "eager", size)
+                    row.append(f"{s:.2f}x" if s else "-")
+            out.append(row)
+        return out
+
+    def summary(self) -> str:
+        bw = f", bandwidth {self.bandwidth_bytes_per_s / 1e9:.0f} GB/s" if self.bandwidth_bytes_per_s else ""
+        host = ", host us/call: " + ", ".join(f"{k} {v:.1f}" for k, v in self.host_us.items()) if self.host_us else ""
+        return f"bench {self.name} on {self.device_name} [{self.dtype}, {self.timer}{bw}]{host}"
+
+    def __repr__(self) -> str:
+        text = self.summary() + "\n" + report.text_table(self.headers(), self.table_rows())
+        return text + "".join(f"\nnote: {n}" for n in self.notes)
+
+    def _repr_html_(self) -> str:
+        return report.html_table(self.headers(), self.table_rows(), title=self.summary(), details="\n".join(self.notes))
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items()}
+
+    def to_json(self, path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1))
+        return path
+
+    CSV_FIELDS = ("name", "device", "dtype", "size", "numel", "contender", "median_us", "p20_us", "p80_us",
+                  "mean_us", "min_us", "reps", "timer", "bytes", "gbps", "pct_bw", "error")
+
+    def to_csv(self, path) -> Path:
+        return write_csv([self], path)
+
+    def plot(self, out_dir, stem: Optional[str] = None) -> List[Path]:
+        """time vs size (all contenders + floor), speedup vs size (vs eager), % of bandwidth vs size."""
+        sizes = self.sizes
+        varying = [d for d in range(len(sizes[0])) if len({s[d] for s in sizes if len(s) == len(sizes[0])}) > 1] \
+            if sizes and sizes[0] else []
+        if len(varying) == 1 and all(len(s) == len(sizes[0]) for s in sizes):
+            d = varying[0]
+            xof = lambda s: s[d]  # noqa: E731
+            others = ", ".join(f"dim {k} = {v}" for k, v in enumerate(sizes[0]) if k != d)
+            xlabel = f"size of dim {d}" + (f" ({others})" if others else "")
+        elif all(r.get("bytes") for r in self.rows if r.get("median_us")):  # many dims vary: the work done
+            moved = {tuple(r["size"]): r["bytes"] for r in self.rows if r.get("bytes")}
+            xof, xlabel = (lambda s: moved[s]), "bytes moved"  # noqa: E731
+        else:
+            xof, xlabel = math.prod, "elements"
+        series: Dict[str, List[dict]] = {}
+        for r in self.rows:
+            if r.get("median_us"):
+                series.setdefault(r["contender"], []).append({**r, "x": xof(tuple(r["size"]))})
+        for points in series.values():
+            points.sort(key=lambda p: p["x"])
+        title = f"{self.name} on {self.device_name} ({self.dtype})"
+        return report.plot_sweep(series, xlabel, title, out_dir, stem or self.name)
+
+
+def write_csv(results: Sequence[BenchResult], path) -> Path:
+    """One CSV row per (op, size, contender) of every result."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=BenchResult.CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for res in results:
+            for r in res.rows:
+                w.writerow({**r, "name": res.name, "device": res.device, "dtype": res.dtype,
+                            "size": report.fmt_shape(r["size"])})
+    return path
+
+
+# ----------------------------------------------------------------------------------------------- bench
+
+Target = Union[None, str, Spec, Callable, Dict[str, Callable], Sequence[Callable]]
+
+
+def _contenders(target: Target, spec: Optional[Spec]) -> Tuple[Dict[str, Callable], Optional[Spec]]:
+    if isinstance(target, str):
+        card_spec, target = load_card(target)
+        spec = spec or card_spec
+    elif isinstance(target, Spec):
+        spec, target = target, None
+    if target is None:
+        if spec is None:
+            raise TypeError("bench: give an op (or contenders) or a spec/card name")
+        return {"kernelkit": spec.resolve_op()}, spec
+    if isinstance(target, dict):
+        return dict(target), spec
+    if callable(target):
+        return {"kernelkit" if spec is not None else getattr(target, "__name__", "op"): target}, spec
+    return {getattr(f, "__name__", f"op{i}"): f for i, f in enumerate(target)}, spec
+
+
+@contextlib.contextmanager
+def _many_recompiles():
+    """A size sweep specialises torch.compile once per size: lift the recompile limit meanwhile, else
+    dynamo silently falls back to eager after 8 sizes."""
+    try:
+        import torch._dynamo.config as cfg
+    except ImportError:  # pragma: no cover
+        yield
+        return
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    with cfg.patch(**{name: max(64, getattr(cfg, name))}):
+        yield
+
+
+def _make_inputs(spec: Spec, inputs) -> Callable[..., tuple]:
+    if inputs is None:
+        return spec.make_inputs
+    if callable(inputs):
+        return inputs
+    given = tuple(inputs)
+    return lambda shape, dtype=None, device=None, generator=None: given  # noqa: ARG005
+
+
+def bench(target: Target = None, inputs=None, *, spec: Optional[Spec] = None, reference: Optional[Callable] = None,
+          sizes: Optional[Sequence[Tuple[int, ...]]] = None, dtype: Optional[torch.dtype] = None, device=None,
+          compile: Optional[bool] = None, graph: bool = False, flush_l2: bool = True,
+          budget_ms: Optional[float] = None, warmup_ms: Optional[float] = None, host_overhead: bool = True,
+          floor: bool = True, max_numel: Optional[int] = None, seed: int = 0,
+          progress: Optional[Callable[[str], None]] = None) -> BenchResult:
+    """Time ``target`` over a size sweep, side by side with the eager reference, ``torch.compile(reference)``
+    and the bandwidth floor.
+
+    ``target``: a card name or :class:`Spec` (its op is "kernelkit"), a callable, a dict name -> callable
+    or a list of callables. Inputs come from ``inputs`` (a tuple of args, or a
+    ``make_inputs(shape, dtype=, device=, generator=)``), else ``spec.make_inputs``, for each of ``sizes``
+    (default ``spec.bench_sizes``). ``compile`` defaults to True on CUDA, False on a CPU (Inductor's C++
+    build per size is slow there). ``graph=True`` times CUDA-graph replays. ``max_numel`` skips larger
+    sizes (noted). Bytes moved come from ``spec.bytes_moved(args, out)``, else all tensor args + outputs.
+    """
+    contenders, spec = _contenders(target, spec)
+    reference = reference if reference is not None else spec.reference if spec is not None else None
+    device = torch.device(device if device is not None else
+                          "cuda" if torch.cuda.is_available() and (spec is None or "cuda" in spec.devices) else "cpu")
+    on_gpu = device.type == "cuda"
+    dtype = dtype or (spec.bench_dtype if spec is not None else torch.float32)
+    if reference is not None and "eager" not in contenders:
+        contenders["eager"] = reference
+    if compile is None:
+        compile = on_gpu
+    if compile and reference is not None and "torch.compile" not in contenders:
+        contenders["torch.compile"] = torch.compile(reference, dynamic=False)
+    if spec is None and inputs is None:
+        raise TypeError("bench: give inputs= (a tuple of args or a make_inputs callable) or a spec")
+    make = _make_inputs(spec, inputs)
+    if inputs is not None and not callable(inputs):
+        first = next((a for a in inputs if isinstance(a, torch.Tensor)), None)
+        sizes = [tuple(first.shape) if first is not None else ()]
+    sizes = [tuple(s) for s in (sizes if sizes is not None else spec.bench_sizes if spec is not None else [])]
+    if not sizes:
+        raise TypeError("bench: no sizes (give sizes=, inputs=, or a spec with bench_sizes)")
+    name = spec.name if spec is not None else next(iter(contenders))
+    timer = ("cuda-graph" if graph else "cuda-events") if on_gpu else "host"
+    bw = device_bandwidth(device) if floor else None
+    result = BenchResult(name, str(device), device_name(device), str(dtype).replace("torch.", ""), timer, bw,
+                         list(contenders))
+    if graph and not on_gpu:
+        result.notes.append("graph mode needs CUDA: host timer used")
+    if not on_gpu:
+        result.notes.append("host timer (time.perf_counter): CPU wall time, no cache flush; % bw is against a "
+                            "DRAM copy, so cache-resident sizes can exceed 100%")
+    timing_kw = dict(budget_ms=budget_ms or (100.0 if on_gpu else 50.0), warmup_ms=warmup_ms or (25.0 if on_gpu else 10.0))
+    if on_gpu:
+        timing_kw.update(flush=flush_l2, graph=graph)
+    bytes_moved = spec.bytes_moved if spec is not None and spec.bytes_moved is not None else \
+        (lambda args, out: tensor_bytes(args, out))
+    with _many_recompiles():
+        for size in sizes:
+            if max_numel is not None and math.prod(size) > max_numel:
+                result.notes.append(f"size {report.fmt_shape(size)} skipped (over {max_numel} elements)")
+                continue
+            args = tuple(make(size, dtype=dtype, device=device, generator=torch.Generator(device=device).manual_seed(seed)))
+            _bench_size(result, contenders, args, size, bytes_moved, bw, timing_kw, progress)
+    if host_overhead:
+        _host_overheads(result, contenders, make, spec, dtype, device, seed)
+    return result
+
+
+def _bench_size(result: BenchResult, contenders: Dict[str, Callable], args: tuple, size, bytes_moved, bw,
+                timing_kw: dict, progress) -> None:
+    """Time every contender on one size's inputs; add the floor row."""
+    moved = None
+    rows = []
+    for cname, fn in contenders.items():
+        row = {"size": list(size), "numel": math.prod(size), "contender": cname}
+        try:
+            out = fn(*args)  # first call: compiles (torch.compile), loads, allocates
+            if moved is None:
+                moved = int(bytes_moved(args, out))
+            del out
+            row.update(dataclasses.asdict(time_fn(lambda: fn(*args), result.device, **timing_kw)))
+        except Exception as e:  # noqa: BLE001 - one contender failing must not lose the others
+            row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            result.notes.append(f"{cname} at {report.fmt_shape(size)}: {row['error']}")
+        rows.append(row)
+        if progress:
+            progress(f"{result.name} {report.fmt_shape(size)} {cname}: {report.fmt_us(row.get('median_us'))}")
+    if moved is not None:
+        for row in rows:
+            row["bytes"] = moved
+            if row.get("median_us"):
+                row["gbps"] = moved / row["median_us"] / 1e3
+                row["pct_bw"] = 100.0 * moved / (row["median_us"] * 1e-6) / bw if bw else None
+        if bw:
+            rows.append({"size": list(size), "numel": math.prod(size), "contender": "floor", "bytes": moved,
+                         "median_us": moved / bw * 1e6, "timer": "bytes/bandwidth", "pct_bw": 100.0})
+    result.rows += rows
+
+
+def _host_overheads(result: BenchResult, contenders, make, spec, dtype, device, seed) -> None:
+    """Per-call host time on the smallest input (no sync), against torch.add on a 1-element tensor."""
+    shapes = [tuple(s) for s in (spec.shapes if spec is not None else result.sizes) if math.prod(s) > 0]
+    tiny = min(shapes, key=math.prod) if shapes else result.sizes[0]
+    args = tuple(make(tiny, dtype=dtype, device=device, generator=torch.Generator(device=device).manual_seed(seed)))
+    one = torch.ones(1, device=device)
+    result.host_us["torch.add"] = host_overhead_us(lambda: torch.add(one, one), device)
+    for cname, fn in contenders.items():
+        try:
+            result.host_us[cname] = host_overhead_us(lambda: fn(*args), device)
+        except Exception:  # noqa: BLE001 - reported in the sweep already
+            pass

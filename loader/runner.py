@@ -1,0 +1,241 @@
+"""``kernelkit run``, the main job: build every card, check it against its reference, benchmark it, and
+write a report directory (summary.md, results.json, bench.csv, plots/*.png).
+
+Without a CUDA GPU it says so, builds the CUDA cards all the same (their device code is compiled, not
+run: "compile-only") and checks and times the cards' CPU implementations with the host timer. Nothing is
+reported as measured on a GPU that was not.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
+
+import torch
+
+from . import report
+from .bench import BenchResult, bench, device_bandwidth, device_name, write_csv
+from .check import CheckResult, check
+
+CPU_MAX_NUMEL = 1 << 22  # CPU sweeps stop here: the GPU-sized sweeps would take minutes on a laptop
+
+
+@dataclasses.dataclass
+class Options:
+    check: bool = True
+    bench: bool = True
+    trials: int = 5
+    sizes: Optional[Sequence[Tuple[int, ...]]] = None
+    compile: Optional[bool] = None
+    graph: bool = False
+    budget_ms: Optional[float] = None
+    arch: Optional[str] = None
+    kernels_dir: Optional[str] = None
+    quick: bool = False  # CI: 2 trials, the 3 smallest sizes, a short time budget
+
+
+@dataclasses.dataclass
+class CardRun:
+    name: str
+    mode: str = "-"
+    build: str = "-"
+    has_cuda: bool = False
+    ok: bool = True
+    errors: List[str] = dataclasses.field(default_factory=list)
+    notes: List[str] = dataclasses.field(default_factory=list)
+    check: Optional[CheckResult] = None
+    bench: Optional[BenchResult] = None
+
+    def fail(self, what: str, message: str) -> None:
+        self.ok = False
+        self.errors.append(f"{what}: {message}")
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "mode": self.mode, "build": self.build, "has_cuda": self.has_cuda, "ok": self.ok,
+                "errors": self.errors,
+                "notes": self.notes, "check": self.check.to_dict() if self.check else None,
+                "bench": self.bench.to_dict() if self.bench else None}
+
+
+# ---------------------------------------------------------------------------------------------- the job
+
+def environment(gpu: bool) -> Dict[str, Any]:
+    env = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "host": platform.node(), "cpu": device_name(torch.device("cpu")), "gpu": None,
+           "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+    if gpu:
+        p = torch.cuda.get_device_properties(0)
+        env.update(gpu=p.name, capability=f"{p.major}.{p.minor}",
+                   bandwidth_gb_s=round(device_bandwidth(torch.device("cuda", 0)) / 1e9, 1))
+    return env
+
+
+def run_card(card, gpu: bool, opts: Options, say: Callable[[str], None]) -> CardRun:
+    """Build one card, then check and bench it where it can run here."""
+    from . import api
+    from .errors import KernelkitError
+
+    cr = CardRun(card.name, has_cuda=card.has_cuda)
+    try:
+        spec = card.spec
+    except Exception as e:  # noqa: BLE001 - a broken spec file is this card's failure, not the run's
+        spec = None
+        cr.fail("spec", f"{card.name}.py raised {type(e).__name__}: {e}")
+    devices = tuple(spec.devices) if spec is not None else ()
+    device = "cuda" if gpu and "cuda" in devices else "cpu" if "cpu" in devices else None
+    if device == "cuda":
+        cr.mode = "cuda"
+    elif card.has_cuda and not gpu:
+        cr.mode = "cpu + cuda compile-only" if device == "cpu" else "compile-only"
+    else:
+        cr.mode = device or "build-only"
+    if spec is None and cr.ok:
+        cr.notes.append("no spec (kernels/<op>.py): built only")
+    t0 = time.perf_counter()
+    try:
+        lib = api.load(card.name, kernels_dir=opts.kernels_dir, arch=opts.arch, load=device is not None)
+        cr.build = "cached" if lib.cached else f"built {lib.build_seconds:.1f} s"
+    except KernelkitError as e:
+        cr.build = "FAIL"
+        cr.fail("build", str(e))
+        return cr
+    say(f"{card.name}: build {cr.build} ({time.perf_counter() - t0:.1f} s), mode {cr.mode}")
+    if device is None:
+        return cr
+    op = spec.resolve_op(lib)
+    if opts.check:
+        try:
+            cr.check = check(op, spec=spec, device=device, trials=2 if opts.quick else opts.trials)
+            if not cr.check.ok:
+                cr.fail("check", cr.check.message())
+            say(f"{card.name}: {cr.check.summary()}")
+        except Exception as e:  # noqa: BLE001
+            cr.fail("check", f"could not run: {type(e).__name__}: {e}")
+    if opts.bench:
+        sizes = opts.sizes or (list(spec.bench_sizes)[:3] if opts.quick else None)
+        try:
+            cr.bench = bench(op, spec=spec, device=device, sizes=sizes, compile=opts.compile, graph=opts.graph,
+                             budget_ms=opts.budget_ms or (10.0 if opts.quick else None),
+                             max_numel=None if device == "cuda" or opts.sizes else CPU_MAX_NUMEL,
+                             progress=lambda m: say("  " + m))
+            cr.notes += cr.bench.notes
+        except Exception as e:  # noqa: BLE001
+            cr.fail("bench", f"could not run: {type(e).__name__}: {e}")
+    return cr
+
+
+def run(ops: Optional[Sequence[str]] = None, out_dir="kernelkit-report", opts: Optional[Options] = None,
+        stream: Optional[TextIO] = None) -> Tuple[int, List[CardRun]]:
+    """The main job. Returns (exit code, per-card results): non-zero when a build or check failed."""
+    from .cards import all_cards
+
+    opts = opts or Options()
+    stream = stream or sys.stdout
+    t0 = time.perf_counter()
+
+    def say(message: str) -> None:  # progress, with the elapsed time
+        print(f"[{time.perf_counter() - t0:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+    gpu = torch.cuda.is_available()
+    env = environment(gpu)
+    print(headline(env), file=stream, flush=True)
+    cards = all_cards(opts.kernels_dir)
+    names = list(ops) if ops else sorted(cards)
+    results = []
+    for i, name in enumerate(names, 1):
+        say(f"[{i}/{len(names)}] {name}")
+        if name not in cards:
+            cr = CardRun(name, build="FAIL")
+            cr.fail("card", f"no card named {name!r} (have: {', '.join(sorted(cards)) or 'none'})")
+        else:
+            cr = run_card(cards[name], gpu, opts, say)
+        results.append(cr)
+    env["wall_s"] = round(time.perf_counter() - t0, 1)
+    out = write_report(Path(out_dir), env, results)
+    print(report.text_table(HEADERS, [summary_row(r) for r in results]), file=stream)
+    for r in results:
+        for e in r.errors:
+            print(f"\n{r.name} {e}", file=stream)
+    bad = [r.name for r in results if not r.ok]
+    verdict = f"FAILED: {', '.join(bad)}" if bad else f"all {len(results)} cards ok"
+    print(f"\n{verdict}; {env['wall_s']} s; report in {out}", file=stream, flush=True)
+    return (1 if bad else 0), results
+
+
+# ----------------------------------------------------------------------------------------------- report
+
+HEADERS = ("op", "mode", "build", "check", "max rel err", "bench size", "kernelkit", "eager", "torch.compile",
+           "floor", "% bw", "speedup")
+
+
+def headline(env: Dict[str, Any]) -> str:
+    base = f"kernelkit run: torch {env['torch']} (CUDA {env['cuda']}), python {env['python']} on {env['host']}"
+    if env["gpu"]:
+        return base + f"\nGPU: {env['gpu']} (sm {env['capability']}), measured bandwidth {env['bandwidth_gb_s']} GB/s"
+    return base + ("\nno CUDA GPU: CUDA cards are compiled but not run (compile-only); CPU implementations are "
+                   "checked and timed on the CPU with a host timer")
+
+
+def summary_row(r: CardRun) -> List[str]:
+    c, b = r.check, r.bench
+    if c is None:
+        check_cell = "ERROR" if any(e.startswith("check") for e in r.errors) else "-"
+        err = "-"
+    else:
+        check_cell = f"ok ({len(c.cases)})" if c.ok else f"FAIL {len(c.failures)}/{len(c.cases)}"
+        rels = [x.max_rel64 if x.max_rel64 is not None else x.max_rel for x in c.cases if x.kind == "values"]
+        rels = [v for v in rels if v is not None]
+        ps = [x.min_p for x in c.cases if x.min_p is not None]
+        err = report.fmt_num(max(rels)) if rels else f"min p {report.fmt_num(min(ps))}" if ps else "-"
+    row = [r.name, r.mode, r.build, check_cell, err]
+    if b is None or not b.sizes:
+        return row + ["-"] * (len(HEADERS) - len(row))
+    size = b.sizes[-1]
+    med = lambda name: report.fmt_us(b.median_us(name, size))  # noqa: E731
+    first = b.get("kernelkit", size) or {}
+    base = "torch.compile" if b.median_us("torch.compile", size) else "eager"
+    speedup = b.speedup("kernelkit", base, size)
+    return row + [report.fmt_shape(size), med("kernelkit"), med("eager"), med("torch.compile"), med("floor"),
+                  f"{first['pct_bw']:.0f}%" if first.get("pct_bw") is not None else "-",
+                  f"{speedup:.2f}x vs {base}" if speedup else "-"]
+
+
+def write_report(out: Path, env: Dict[str, Any], results: List[CardRun]) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"environment": env, "cards": [r.to_dict() for r in results]},
+                                                 indent=1, default=str))
+    benches = [r.bench for r in results if r.bench is not None]
+    if benches:
+        write_csv(benches, out / "bench.csv")
+    md = ["# kernelkit run", "", "```", headline(env), "```", "",
+          f"- when: {env['when']}, wall time {env['wall_s']} s",
+          "- result: " + ("all cards ok" if all(r.ok for r in results) else
+                           "FAILED: " + ", ".join(r.name for r in results if not r.ok)), "",
+          report.markdown_table(HEADERS, [summary_row(r) for r in results]), ""]
+    for r in results:
+        md += [f"## {r.name}", "", f"mode: {r.mode}; build: {r.build}", ""]
+        md += [f"**{e.splitlines()[0]}**" + ("\n```\n" + "\n".join(e.splitlines()[1:]) + "\n```" if "\n" in e else "")
+               for e in r.errors]
+        if r.check is not None:
+            md += ["", "### check", "", report.markdown_table(CheckResult.HEADERS, r.check.rows()), ""]
+        if r.bench is not None:
+            b = r.bench
+            md += ["### bench", "", b.summary(), "", report.markdown_table(b.headers(), b.table_rows()), ""]
+            md += [f"![{p.stem}](plots/{p.name})" for p in _plots(r, out / "plots")] + [""]
+        md += [f"- note: {n}" for n in dict.fromkeys(r.notes)] + [""]
+    (out / "summary.md").write_text("\n".join(md))
+    return out
+
+
+def _plots(r: CardRun, plot_dir: Path) -> List[Path]:
+    if not any(row.get("median_us") for row in r.bench.rows):
+        return []
+    try:
+        return r.bench.plot(plot_dir)
+    except Exception as e:  # noqa: BLE001 - a plotting problem must not lose the report
+        r.notes.append(f"plots failed: {type(e).__name__}: {e}")
+        return []

@@ -1,0 +1,150 @@
+"""kernelkit.bench: the CPU host-timer path in CI (timings that must reflect real work, adaptive repeats,
+the cached bandwidth floor, output files), the CUDA paths on a GPU."""
+import csv
+import json
+import sys
+import time
+
+import pytest
+import torch
+
+from kernelkit import Spec, bench
+from kernelkit.bench import device_bandwidth, time_fn
+from kernelkit.harness_cli import parse_size
+from fixtures import broken_ops as B
+
+SIZES = [(1 << 10,), (1 << 14,)]
+
+
+def sleeper(ms):
+    def op(a, b):
+        time.sleep(ms / 1000)
+        return a + b
+
+    return op
+
+
+def test_cpu_sweep_rows_and_files(tmp_path):
+    res = bench(torch.mul, B.randn_args(2), reference=torch.mul, sizes=SIZES, compile=False, budget_ms=5)
+    assert res.timer == "host" and res.contenders == ["mul", "eager"]
+    for size in SIZES:
+        for name in ("mul", "eager"):
+            r = res.get(name, size)
+            assert r["reps"] >= 5 and 0 < r["p20_us"] <= r["median_us"] <= r["p80_us"]
+        floor = res.get("floor", size)
+        assert floor["bytes"] == 3 * size[0] * 4  # default estimate: both inputs + the output
+        assert floor["median_us"] == pytest.approx(floor["bytes"] / res.bandwidth_bytes_per_s * 1e6)
+    assert set(res.host_us) == {"torch.add", "mul", "eager"}
+    text = repr(res)
+    assert "16384" in text and "floor" in text and "mul vs eager" in text
+    assert "<table>" in res._repr_html_()
+    data = json.loads(res.to_json(tmp_path / "r.json").read_text())
+    assert len(data["rows"]) == len(SIZES) * 3
+    rows = list(csv.DictReader(open(res.to_csv(tmp_path / "r.csv"))))
+    assert {r["contender"] for r in rows} == {"mul", "eager", "floor"}
+    pngs = res.plot(tmp_path / "plots")
+    assert [p.name for p in pngs] == ["mul_time.png", "mul_speedup.png", "mul_bandwidth.png"]
+    assert all(p.stat().st_size > 1000 for p in pngs)
+
+
+def test_times_reflect_the_work():
+    res = bench({"slow": sleeper(2), "fast": torch.add}, B.randn_args(2), sizes=[(64,)], budget_ms=40,
+                host_overhead=False, floor=False)
+    slow, fast = res.median_us("slow"), res.median_us("fast")
+    assert 2000 <= slow < 20000
+    assert fast < 500
+    assert res.get("slow")["reps"] < res.get("fast")["reps"]  # adaptive: the budget bounds the repeats
+
+
+def test_adaptive_repeat_count():
+    t = time_fn(lambda: time.sleep(0.001), "cpu", budget_ms=30)
+    assert 5 <= t.reps <= 40
+    many = time_fn(lambda: None, "cpu", budget_ms=5)
+    assert many.reps > 100
+
+
+def test_contender_errors_are_reported_not_raised():
+    def broken(a, b):
+        raise RuntimeError("kernel launch failed")
+
+    res = bench({"broken": broken, "ok": torch.add}, B.randn_args(2), sizes=[(256,)], host_overhead=False, floor=False)
+    assert "kernel launch failed" in res.get("broken")["error"]
+    assert res.median_us("ok") > 0
+    assert any("broken" in n for n in res.notes)
+
+
+def test_spec_drives_contenders_sizes_and_bytes(tmp_path):
+    spec = Spec(name="mulcard", reference=torch.mul, make_inputs=B.randn_args(2), op=torch.mul,
+                bench_sizes=((100,), (1000,)), bytes_moved=lambda args, out: 12345)
+    res = bench(spec, compile=True, budget_ms=5, host_overhead=False)
+    assert res.contenders == ["kernelkit", "eager", "torch.compile"]
+    assert res.sizes == [(100,), (1000,)]
+    assert all(r.get("bytes") == 12345 for r in res.rows)
+    assert res.median_us("torch.compile", (1000,)) > 0, res.notes
+    assert res.speedup("kernelkit", "eager") is not None
+
+
+def test_bandwidth_measured_once_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path))
+    bw = device_bandwidth("cpu")
+    assert 1e8 < bw < 1e13
+    files = list(tmp_path.rglob("bandwidth.json"))
+    assert len(files) == 1 and "cpu|" in files[0].read_text()
+    # kernelkit.bench is the function; the module is in sys.modules
+    monkeypatch.setattr(sys.modules["kernelkit.bench"], "time_fn", lambda *a, **k: pytest.fail("measured again"))
+    assert device_bandwidth("cpu") == bw
+
+
+def test_parse_sizes():
+    assert parse_size("4096") == (4096,)
+    assert parse_size("1e6") == (1000000,)
+    assert parse_size("2**20") == (1 << 20,) == parse_size("2^20")
+    assert parse_size("100x1024") == (100, 1024)
+    with pytest.raises(Exception):
+        parse_size("abc")
+
+
+# ------------------------------------------------------------------------------------------------- GPU
+
+@pytest.mark.gpu
+def test_gpu_events_compile_floor_and_host_overhead(tmp_path):
+    res = bench(torch.add, B.randn_args(2), reference=torch.add, sizes=[(1 << 20,), (1 << 26,)], device="cuda")
+    assert res.timer == "cuda-events"
+    assert res.contenders == ["add", "eager", "torch.compile"]
+    big = res.get("add", (1 << 26,))
+    assert 20 < big["pct_bw"] < 110, big  # a large add runs near, not above, the measured bandwidth
+    assert res.median_us("floor", (1 << 26,)) <= big["median_us"] * 1.1
+    assert 0 < res.host_us["torch.add"] < 100 and "add" in res.host_us
+    assert len(res.plot(tmp_path)) == 3
+
+
+@pytest.mark.gpu
+def test_gpu_graph_mode_removes_launch_overhead():
+    args = [torch.randn(16, device="cuda") for _ in range(2)]
+    many = lambda a, b: [torch.add(a, b) for _ in range(20)][-1]  # noqa: E731 - 20 tiny launches
+    plain = bench(many, tuple(args), device="cuda", host_overhead=False, floor=False)
+    graph = bench(many, tuple(args), device="cuda", graph=True, host_overhead=False, floor=False)
+    assert graph.timer == "cuda-graph"
+    assert graph.median_us("<lambda>") < plain.median_us("<lambda>")
+
+
+@pytest.mark.gpu
+def test_gpu_l2_flush_makes_cache_resident_inputs_cold():
+    x = torch.randn(1 << 22, device="cuda")  # 16 MB: fits in an H100's 50 MB L2
+    warm = time_fn(lambda: x.sum(), "cuda", flush=False)
+    cold = time_fn(lambda: x.sum(), "cuda", flush=True)
+    assert cold.median_us > warm.median_us
+
+
+@pytest.mark.gpu
+def test_gpu_bench_agrees_with_triton_do_bench():
+    pytest.importorskip("triton")
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "crosscheck_triton.py"
+    spec = importlib.util.spec_from_file_location("crosscheck_triton", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = mod.crosscheck(sizes=[1 << 24])
+    assert all(r["agree"] for r in rows), rows
