@@ -20,7 +20,7 @@ test)
   # build every card in parallel processes (16 cores) so the tests find them cached
   python3 -c "import kernelkit; print('\n'.join(kernelkit.cards()))" | xargs -P 8 -I{} python3 -m kernelkit build {} > "$OUT/build.txt" 2>&1
   tail -20 "$OUT/build.txt"
-  timeout ${TEST_TIMEOUT:-480} python3 -m pytest -m "gpu" -q -rfEs --durations=20 ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -60
+  timeout ${TEST_TIMEOUT:-480} python3 -m pytest -m "${PYTEST_MARK:-gpu}" -q -rfEs --durations=20 ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -60
   ;;
 bench)
   python3 -m kernelkit run --out "$OUT/run" 2>&1 | tail -40

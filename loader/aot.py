@@ -88,7 +88,9 @@ def source_key(target) -> str:
               "\0".join(_key_ldflags(target.ldflags)).encode()]
     for u in target.units:
         _, _, flags = _split_flags(u.flags)
-        chunks += [u.kind.encode(), "\0".join(flags).encode(), digest_tree(u.path.read_bytes(), u.deps).encode()]
+        # the digest the unit was planned with, where build.Unit records it (else the files as they are now)
+        digest = getattr(u, "digest", None) or digest_tree(u.path.read_bytes(), u.deps)
+        chunks += [u.kind.encode(), "\0".join(flags).encode(), digest.encode()]
     return sha256_bytes(*chunks)
 
 
@@ -213,39 +215,47 @@ def plan(ops: Optional[Sequence[str]] = None, arch=None, kernels_dir=None) -> Li
     return out
 
 
-def _unit_flags(units, kind: str, what: str) -> List[str]:
-    """The flags the units of one kind share (one extension compiles them all with one flag set)."""
-    sets = {tuple(_split_flags(u.flags)[2]) for u in units if u.kind == kind}
-    if len(sets) > 1:
-        raise KernelkitError(f"{what}: its {kind} units are compiled with different flags; an AOT build "
-                             "compiles them with one set (split the card)")
-    return list(sets.pop()) if sets else []
+def _compile_args(kind: str, flags: Sequence[str], archs: Sequence[str]) -> Dict[str, List[str]]:
+    """BuildExtension's per-compiler flags for units of one kind compiled with ``flags`` (the JIT's,
+    without include paths) for ``archs``."""
+    if kind == "cpp":
+        return {"cxx": list(flags) + ["-g0"], "nvcc": []}  # -g0: setuptools adds Python's -g
+    nvcc = list(flags)
+    if not any(f in toolchain.torch_nvcc_flags() for f in nvcc):
+        nvcc += _UNDO_TORCH_NVCC
+    return {"cxx": [], "nvcc": nvcc + [x for a in archs for x in ("-gencode", f"arch=compute_{a.split('_', 1)[1]},code={a}")]}
 
 
 def extension(target, prefix: str = ""):
     """A torch ``CUDAExtension`` (``CppExtension`` for a CPU card) compiling the same TUs as the JIT
-    (the card's sources and the same generated binding TU), with the same flags where they matter, and
-    the manifest to write next to it (``ext.kernelkit_manifest``)."""
+    (the card's sources and the same generated binding TU) with the same flags where they matter, and
+    the manifest to write next to it (``ext.kernelkit_manifest``). An extension has one flag set per
+    compiler: units planned with other flags (a CPU card's -O3 device .cpp next to its -O2 binding) are
+    compiled separately by :class:`BuildPrebuilt` (``ext.kernelkit_extra``) and linked in."""
     ce = toolchain.cpp_extension()
     archs = target_archs(target)
     incs: Dict[str, None] = {}
-    for u in target.units:
-        incs.update(dict.fromkeys(_split_flags(u.flags)[0]))
-    gencode = [x for a in archs for x in ("-gencode", f"arch=compute_{a.split('_', 1)[1]},code={a}")]
-    cxx = _unit_flags(target.units, "cpp", target.name) + ["-g0"]  # setuptools adds Python's -g
-    nvcc = _unit_flags(target.units, "cu", target.name)
-    if not any(f in toolchain.torch_nvcc_flags() for f in nvcc):
-        nvcc = nvcc + _UNDO_TORCH_NVCC
+    groups: Dict[Tuple[str, Tuple[str, ...]], List[str]] = {}
+    for u in reversed(target.units):  # the binding TU (planned last) sets the extension's C++ flags
+        inc, _, flags = _split_flags(u.flags)
+        incs.update(dict.fromkeys(inc))
+        groups.setdefault((u.kind, tuple(flags)), []).insert(0, str(u.path))
+    main: Dict[str, Tuple[str, ...]] = {}
+    for kind, flags in groups:
+        main.setdefault(kind, flags)
     link = [f for f in _key_ldflags(target.ldflags) if f != "-shared" and not f.startswith("-l")]
     manifest = _manifest(target, "torch.utils.cpp_extension.BuildExtension")
     entry = f"{target.name}-{manifest['source_key'][:16]}"
-    kwargs = dict(include_dirs=list(incs), extra_link_args=link,
-                  extra_compile_args={"cxx": cxx, "nvcc": nvcc + gencode})
-    sources = [str(u.path) for u in target.units]
+    compile_args = {"cxx": _compile_args("cpp", main.get("cpp", ()), archs)["cxx"],
+                    "nvcc": _compile_args("cu", main["cu"], archs)["nvcc"] if "cu" in main else []}
+    sources = [src for (kind, flags), srcs in groups.items() if main[kind] == flags for src in srcs]
     make = ce.CUDAExtension if target.with_cuda else ce.CppExtension
-    ext = make(f"{prefix}{entry}.kk_{target.name}", sources, **kwargs)
+    ext = make(f"{prefix}{entry}.kk_{target.name}", sources, include_dirs=list(incs), extra_link_args=link,
+               extra_compile_args=compile_args)
     # a C++ program (examples/cpp) loads these without Python: keep libtorch_python out of the link
     ext.libraries = [lib for lib in ext.libraries if lib != "torch_python"]
+    ext.kernelkit_extra = [(srcs, _compile_args(kind, flags, archs))
+                           for (kind, flags), srcs in groups.items() if main[kind] != flags]
     ext.kernelkit_manifest = manifest
     return ext
 
@@ -271,9 +281,15 @@ def _build_ext_class():
             kwargs.setdefault("no_python_abi_suffix", True)  # a plain kk_<op>.so, for C++ consumers too
             super().__init__(*args, **kwargs)
 
+        def get_source_files(self):  # for egg_info/sdist: the generated binding TUs live in the cache
+            return [s for s in super().get_source_files() if not os.path.isabs(s)]
+
         def build_extension(self, ext):
             t0 = time.perf_counter()
             say(f"AOT: building {ext.name} ...")
+            for sources, args in getattr(ext, "kernelkit_extra", []):  # (self.compiler.compile is torch's here)
+                ext.extra_objects = list(ext.extra_objects or []) + self.compiler.compile(
+                    sources, output_dir=self.build_temp, include_dirs=ext.include_dirs, extra_postargs=args)
             super().build_extension(ext)
             info = getattr(ext, "kernelkit_manifest", None)
             if info is None:

@@ -126,7 +126,7 @@ def _open(target: _build.Target, card: Optional[cards.Card], options: dict, do_l
             so, cached, seconds = _build.build(target)
         if not do_load:
             return BuildInfo(target.name, target.key, so, cached, seconds)
-        if cached:
+        if cached and prebuilt is None:
             say(f"{target.name}: reusing cached build {target.key[:12]}")
         lib = Library(target.name, target.key, so, pymodule=target.pymodule, cached=cached,
                       build_seconds=seconds, card=card)

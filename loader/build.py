@@ -40,6 +40,7 @@ class Unit:
     flags: List[str]
     key: str
     deps: List[Path]
+    digest: str = ""  # the TU's text + local headers, by content (what an AOT source key is made of)
 
     def command(self, out: Path) -> List[str]:
         compiler = toolchain.nvcc() if self.kind == "cu" else toolchain.cxx()
@@ -87,13 +88,17 @@ def plan_unit(kind: str, path: Path, text: str, include_dirs: Sequence[Path], ex
     # not by where they are: the same card in another checkout reuses the same objects.
     local = {f"-I{d}" for d in include_dirs}
     key_flags = ["-I<local>" if f in local else f for f in flags]
+    digest = digest_tree(text.encode(), deps)
     key = sha256_bytes(b"unit", kind.encode(), toolchain.fingerprint().encode(), compiler_id.encode(),
-                       "\0".join(key_flags).encode(), digest_tree(text.encode(), deps).encode())
-    return Unit(kind, path, display, flags, key, deps)
+                       "\0".join(key_flags).encode(), digest.encode())
+    return Unit(kind, path, display, flags, key, deps, digest)
 
 
 def link_flags(with_cuda: bool, pymodule: bool, extra: Sequence[str]) -> List[str]:
     flags = ["-shared", "-Wl,-Bsymbolic"]  # bind our own symbols first: reloads never call old code
+    libstdcxx = toolchain.runtime_libstdcxx()
+    if libstdcxx:  # the process's own libstdc++, never a second (static) copy
+        flags.append(libstdcxx)
     for p in toolchain.torch_library_paths(with_cuda):
         flags += [f"-L{p}", f"-Wl,-rpath,{p}"]
     flags += ["-lc10", "-ltorch_cpu", "-ltorch"]

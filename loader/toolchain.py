@@ -168,6 +168,22 @@ def torch_library_paths(cuda: bool) -> List[str]:
     return list(facts()["lib_cuda" if cuda else "lib_cpu"])
 
 
+@functools.lru_cache(maxsize=None)
+def runtime_libstdcxx() -> Optional[str]:
+    """The libstdc++ this process runs with (torch's). Linked explicitly: a compiler that only has a static
+    libstdc++.a (seen on a GPU host's relocated gcc) would otherwise embed a second copy whose locale state
+    is never initialised, and formatting a number in an error message then crashes the process."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1] if len(line.split()) >= 6 else ""
+                if "/libstdc++.so" in path and os.path.isfile(path):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
 def cxx11_abi() -> int:
     return int(torch._C._GLIBCXX_USE_CXX11_ABI)
 

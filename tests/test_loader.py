@@ -309,7 +309,7 @@ def test_cuda_card_runs_on_gpu(tmp_path):
     lib = kernelkit.load("square", kernels_dir=d)
     x = torch.randn(1_000_003, device="cuda")
     torch.testing.assert_close(lib.square(x), x * x)
-    with pytest.raises(RuntimeError, match="x must be a CUDA tensor"):
+    with pytest.raises(RuntimeError, match="CPU"):  # no CPU kernel registered: the dispatcher says so
         lib.square(x.cpu())
     src = d / "square.cu"
     src.write_text(src.read_text().replace("y[i] = x[i] * x[i];", "y[i] = x[i] * x[i] * x[i];"))
@@ -317,3 +317,43 @@ def test_cuda_card_runs_on_gpu(tmp_path):
     new = kernelkit.load("square", kernels_dir=d)
     print(f"edit -> reload {time.perf_counter() - t0:.2f} s")
     torch.testing.assert_close(new.square(x), x * x * x)
+
+
+SIZES_CHECK_H = """\
+#pragma once
+#ifdef KERNELKIT_BINDING
+at::Tensor rows(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2, "rows: x must be 2-D, got shape ", x.sizes(), " (", x.dim(), " dims)");
+  return x.sum(1);
+}
+KERNELKIT_LIBRARY(m) {
+  m.def("rows(Tensor x) -> Tensor");
+  m.impl("rows", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(rows)));
+}
+#endif
+"""
+
+
+def test_compiler_with_static_libstdcxx_still_raises_cleanly(tmp_path):
+    """A compiler whose libstdc++ is a static archive (a GPU host's relocated gcc is one) must not embed a
+    second libstdc++ in the library: formatting numbers in an error message would then crash."""
+    from kernelkit import toolchain
+
+    d = tmp_path / "cards"
+    d.mkdir()
+    (d / "rows.cpp").write_text('#include "rows.h"\n')
+    (d / "rows.h").write_text(SIZES_CHECK_H)
+    wrapper = tmp_path / "g++-static-libstdcxx"
+    wrapper.write_text(f'#!/bin/sh\nexec {toolchain.cxx()} -static-libstdc++ "$@"\n')
+    wrapper.chmod(0o755)
+    out = run_python(f"""
+        import torch, kernelkit
+        lib = kernelkit.load("rows", kernels_dir={str(d)!r})
+        assert lib.rows(torch.ones(2, 3)).tolist() == [3.0, 3.0]
+        try:
+            lib.rows(torch.ones(2, 3, 4))
+        except RuntimeError as e:
+            print("raised:", str(e).splitlines()[0])
+    """, env=fresh_env(CXX=str(wrapper)))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "raised: rows: x must be 2-D, got shape [2, 3, 4] (3 dims)" in out.stdout

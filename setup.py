@@ -1,0 +1,48 @@
+"""Opt-in ahead-of-time build. pyproject.toml holds the package's configuration; this file only adds the
+prebuilt card libraries when asked:
+
+    KERNELKIT_AOT=1 [KERNELKIT_ARCH=8.0,9.0] [KERNELKIT_AOT_OPS=sigmoid,vector_add] \
+        pip install --no-build-isolation .        # or: pip wheel --no-build-isolation --no-deps .
+
+(KERNELKIT_AOT_KERNELS_DIR: build the cards of another directory; KERNELKIT_AOT_BUILD_DIR: build dir.)
+
+``--no-build-isolation``: the build compiles against the torch that will run it (the prebuilt libraries
+are matched by torch version at load time). Without KERNELKIT_AOT, ``pip install [-e] .`` compiles
+nothing and kernelkit builds cards just in time.
+"""
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+from setuptools import setup
+
+HERE = Path(__file__).resolve().parent
+
+
+def _aot_kwargs() -> dict:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        sys.exit("KERNELKIT_AOT=1 compiles against the installed torch, which this build environment lacks: "
+                 "run pip with --no-build-isolation (after installing torch)")
+    # import this tree's kernelkit (not an installed one): its package maps loader/, kernels/, reference/
+    spec = importlib.util.spec_from_file_location("kernelkit", HERE / "loader" / "__init__.py",
+                                                  submodule_search_locations=[str(HERE / "loader"), str(HERE)])
+    kk = importlib.util.module_from_spec(spec)
+    sys.modules["kernelkit"] = kk
+    spec.loader.exec_module(kk)
+    from kernelkit import aot
+
+    ops = [o for o in os.environ.get("KERNELKIT_AOT_OPS", "").replace(",", " ").split() if o]
+    os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
+    kwargs = aot.setup_kwargs(ops or None, kernels_dir=os.environ.get("KERNELKIT_AOT_KERNELS_DIR") or None)
+    base = os.environ.get("KERNELKIT_AOT_BUILD_DIR")
+    if base:  # out of the tree; objects in <base>/temp are kept between builds (ninja redoes what changed)
+        os.makedirs(base, exist_ok=True)
+        kwargs["options"] = {"build": {"build_base": base}, "build_ext": {"build_temp": os.path.join(base, "temp")},
+                             "egg_info": {"egg_base": base}}
+    return kwargs
+
+
+setup(**(_aot_kwargs() if os.environ.get("KERNELKIT_AOT", "0") not in ("", "0") else {}))

@@ -1,0 +1,317 @@
+"""Ahead-of-time builds (kernelkit.aot): the source key, prebuilt libraries built with torch's
+BuildExtension, their use by ``kernelkit.load`` (and the JIT fallback when stale), read-only sharing, the
+opt-in wheel build and the C++ (libtorch, CMake) consumer.
+
+CI cost (2 cores): one AOT build of two cards (sigmoid: CUDA compile + link for one arch; affine: a CPU
+card) shared by every test here, ~1.5 min; the slow tests add a CMake build (~1 min) and a wheel build that
+reuses the AOT objects. The full wheel of every built-in card is left to benchmarks/aot_latency.py.
+"""
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernelkit
+from kernelkit import aot
+from kernelkit.cards import builtin_dir, find
+from kernelkit.errors import CacheSecurityError
+
+sys.path.insert(0, str(Path(__file__).parent))
+from loader_cards import run_python, write_affine  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+ARCH = "{}.{}".format(*torch.cuda.get_device_capability()) if torch.cuda.is_available() else "9.0"
+X = torch.tensor([0.0, 1.0, -2.5, 3.0])
+
+
+def copy_cards(dst: Path) -> Path:
+    """sigmoid (a CUDA card with CPU ops) and affine (a CPU card) in a directory of their own."""
+    src = builtin_dir()
+    shutil.copytree(src / "common", dst / "common")
+    for f in ("sigmoid.cu", "sigmoid.h", "sigmoid.py"):
+        shutil.copy(src / f, dst / f)
+    return write_affine(dst)
+
+
+def plan(name, cards_dir, arch=ARCH, **kw):
+    from kernelkit.api import _plan_card
+
+    return _plan_card(find(name, cards_dir), arch, kw.get("cflags", []), [], [], [])
+
+
+def env(**extra):
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), e.get("PYTHONPATH", "")])
+    # children ask for the arch the prebuilts were built for (a host may set TORCH_CUDA_ARCH_LIST=9.0a)
+    e["KERNELKIT_ARCH"] = ARCH
+    e.update({k: str(v) for k, v in extra.items()})
+    return e
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """One AOT build (BuildExtension) of sigmoid and affine, from a copy of their cards."""
+    root = tmp_path_factory.mktemp("aot")
+    cards = copy_cards(root / "cards")
+    out = root / "prebuilt"
+    t0 = time.perf_counter()
+    proc = run_python(f"""
+        import sys
+        from kernelkit import aot
+        sys.exit(aot.main(["--out", {str(out)!r}, "--arch", {ARCH!r}, "--kernels-dir", {str(cards)!r},
+                           "--build-temp", {str(root / "build" / "temp")!r}, "sigmoid", "affine"]))
+    """, env=env(), timeout=1200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {"root": root, "cards": cards, "out": out, "seconds": time.perf_counter() - t0}
+
+
+# ------------------------------------------------------------------------------ no compiler needed
+def test_source_key_ignores_compiler_identity_paths_and_arch(tmp_path, monkeypatch):
+    a = plan("affine", copy_cards(tmp_path / "a"))
+    key_a = aot.source_key(a)  # (it reads the files: take it before they are edited below)
+    b = plan("affine", copy_cards(tmp_path / "b"))  # another checkout: other paths, same content
+    assert aot.source_key(b) == key_a
+    s = plan("sigmoid", tmp_path / "a", arch="8.0;9.0")
+    assert aot.source_key(s) == aot.source_key(plan("sigmoid", tmp_path / "a", arch="9.0"))
+    assert aot.target_archs(s) == ["sm_80", "sm_90"]
+    # the local key changes with the compiler's identity; the source key does not
+    from kernelkit import toolchain
+
+    real = toolchain.fingerprint()
+    monkeypatch.setattr(toolchain, "fingerprint", lambda: real.replace("cxx=", "cxx=/other/g++:"))
+    moved = plan("affine", tmp_path / "a")
+    assert moved.key != a.key and aot.source_key(moved) == key_a
+    monkeypatch.undo()
+    # ...but it does change with flags and with the sources
+    assert aot.source_key(plan("affine", tmp_path / "a", cflags=["-DFOO"])) != key_a
+    (tmp_path / "a" / "affine_consts.h").write_text("#define SCALE 3.0f\n#define OFFSET 1.0f\n")
+    assert aot.source_key(plan("affine", tmp_path / "a")) != key_a
+
+
+def test_arch_coverage():
+    assert aot.covers(["sm_80", "sm_90"], ["sm_90"])
+    assert aot.covers(["sm_80"], ["sm_86"])  # same major, lower minor: binary compatible
+    assert not aot.covers(["sm_80"], ["sm_90"])
+    assert aot.covers(["sm_80", "compute_80"], ["sm_90"])  # PTX, JIT-compiled by the driver
+    assert not aot.covers(["sm_90"], ["sm_90", "compute_90"])  # PTX asked for, none shipped
+    assert not aot.covers(["sm_90"], ["sm_90a"]) and not aot.covers(["sm_90a"], ["sm_90"])
+    assert aot.covers([], [])
+
+
+def test_setup_py_without_aot_imports_no_torch():
+    proc = run_python(f"""
+        import runpy, sys
+        sys.argv = ["setup.py", "--name"]
+        runpy.run_path({str(REPO / "setup.py")!r}, run_name="__main__")
+        assert "torch" not in sys.modules, "plain setup.py imported torch"
+    """)
+    assert proc.returncode == 0 and "kernelkit" in proc.stdout, proc.stderr
+
+
+# ------------------------------------------------------------------------------ with the AOT build
+def test_aot_build_writes_entries_with_manifests(built):
+    for name, archs in (("sigmoid", ["sm_" + ARCH.replace(".", "")]), ("affine", [])):
+        [entry] = built["out"].glob(f"{name}-*")
+        m = aot.read_manifest(entry)
+        assert m["name"] == name and m["archs"] == archs and entry.name == f"{name}-{m['source_key'][:16]}"
+        assert m["source_key"] == aot.source_key(plan(name, built["cards"]))
+        assert m["sha256"] == aot.sha256_file(entry / m["so"]) and m["so"] == f"kk_{name}.so"
+    print(f"AOT build of sigmoid + affine: {built['seconds']:.1f} s")
+
+
+AOT_RUN = """
+    import sys, torch, kernelkit
+    torch.manual_seed(0)
+    out = {}
+    sig = kernelkit.load("sigmoid", kernels_dir=CARDS, arch=ARCH)
+    for dt in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        x = (torch.randn(4097, dtype=torch.float32) * 4).to(dt).requires_grad_(dt != torch.float16)
+        y = sig.sigmoid(x)
+        out[f"sigmoid_{dt}"] = y.detach()
+        if x.requires_grad:
+            y.backward(torch.ones_like(y))
+            out[f"sigmoid_grad_{dt}"] = x.grad
+    aff = kernelkit.load("affine", kernels_dir=CARDS)
+    out["affine"] = aff.affine(torch.linspace(-3, 3, 101))
+    out["paths"] = [str(sig.path), str(aff.path)]
+    torch.save(out, OUT)
+"""
+
+
+def run_ops(cards, out_file, **extra_env):
+    code = f"CARDS, ARCH, OUT = {str(cards)!r}, {ARCH!r}, {str(out_file)!r}\n" + AOT_RUN.replace("\n    ", "\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env(**extra_env),
+                          timeout=1200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return torch.load(out_file), proc.stderr
+
+
+def test_load_uses_matching_prebuilt_and_gives_the_jit_results(built, tmp_path):
+    aot_out, log = run_ops(built["cards"], tmp_path / "aot.pt", KERNELKIT_PREBUILT_PATH=built["out"],
+                           KERNELKIT_CACHE_DIR=tmp_path / "empty-cache")
+    assert "sigmoid: using prebuilt" in log and "affine: using prebuilt" in log, log
+    assert all(p.startswith(str(built["out"])) for p in aot_out.pop("paths"))
+    assert "building" not in log, log  # nothing compiled
+    jit_out, log = run_ops(built["cards"], tmp_path / "jit.pt")  # the test session's JIT cache
+    assert "using prebuilt" not in log
+    assert not any(p.startswith(str(built["out"])) for p in jit_out.pop("paths"))
+    assert aot_out.keys() == jit_out.keys()
+    for k in aot_out:
+        assert torch.equal(aot_out[k], jit_out[k]), k  # bitwise: the same program, built two ways
+
+
+def test_stale_prebuilt_is_detected_and_rebuilt_by_jit(built, tmp_path, monkeypatch, capfd):
+    cards = tmp_path / "cards"
+    shutil.copytree(built["cards"], cards)  # the prebuilt matches this copy until it is edited
+    monkeypatch.setenv("KERNELKIT_PREBUILT_PATH", str(built["out"]))
+    src = cards / "affine.cpp"
+    src.write_text(src.read_text().replace("x[i] * SCALE + OFFSET", "x[i] * SCALE - OFFSET"))
+    lib = kernelkit.load("affine", kernels_dir=cards)
+    err = capfd.readouterr().err
+    assert "affine: prebuilt does not match this build, using JIT" in err, err
+    assert not str(lib.path).startswith(str(built["out"]))
+    torch.testing.assert_close(lib.affine(X), X * 2 - 1)  # the edit is live: the prebuilt was not used
+
+
+def test_prebuilt_for_other_arch_is_not_used(built, tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("KERNELKIT_PREBUILT_PATH", str(built["out"]))
+    target = plan("sigmoid", built["cards"], arch="8.0")
+    assert aot.find_prebuilt(target) is None
+    assert "needs sm_80" in capfd.readouterr().err
+    assert aot.find_prebuilt(plan("sigmoid", built["cards"])) is not None
+
+
+READONLY_PROBE = """
+import os, sys
+ROOT = os.path.realpath(sys.argv[1])
+WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+EVENTS = {"os.mkdir", "os.rename", "os.remove", "os.rmdir", "os.utime", "os.chmod", "os.chown", "os.link",
+          "os.symlink", "os.truncate", "shutil.rmtree", "shutil.copyfile", "shutil.move", "os.replace"}
+bad = []
+
+def under_root(p):
+    try:
+        return os.path.realpath(os.fsdecode(p)).startswith(ROOT)
+    except TypeError:
+        return False
+
+def hook(event, args):
+    if event == "open" and len(args) > 2 and isinstance(args[2], int) and args[2] & WRITES and under_root(args[0]):
+        bad.append((event, args[0]))
+    elif event in EVENTS and any(under_root(a) for a in args if isinstance(a, (str, bytes, os.PathLike))):
+        bad.append((event, args))
+
+sys.addaudithook(hook)
+import torch, kernelkit
+lib = kernelkit.load("sigmoid", kernels_dir=sys.argv[2], arch=sys.argv[3])
+assert str(lib.path).startswith(ROOT), lib.path
+lib.sigmoid(torch.randn(10))
+kernelkit.load("affine", kernels_dir=sys.argv[2]).affine(torch.randn(10))
+print("WRITES:", bad)
+sys.exit(1 if bad else 0)
+"""
+
+
+def test_prebuilt_dir_is_only_read(built, tmp_path):
+    before = {p: p.stat().st_mtime_ns for p in built["out"].rglob("*")}
+    proc = subprocess.run([sys.executable, "-c", READONLY_PROBE, str(built["out"]), str(built["cards"]), ARCH],
+                          capture_output=True, text=True, timeout=600,
+                          env=env(KERNELKIT_PREBUILT_PATH=built["out"], KERNELKIT_CACHE_DIR=tmp_path / "c"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert {p: p.stat().st_mtime_ns for p in built["out"].rglob("*")} == before
+
+
+def test_corrupt_or_unsafe_prebuilt_is_never_loaded(built, tmp_path, monkeypatch, caplog):
+    bad = tmp_path / "bad"
+    shutil.copytree(built["out"], bad)
+    monkeypatch.setenv("KERNELKIT_PREBUILT_PATH", str(bad))
+    target = plan("affine", built["cards"])
+    [entry] = bad.glob("affine-*")
+    so = entry / "kk_affine.so"
+    assert aot.find_prebuilt(target) == so.resolve()
+    data = bytearray(so.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    so.write_bytes(bytes(data))
+    assert aot.find_prebuilt(target) is None and "sha256" in caplog.text  # corrupt: JIT instead
+    shutil.copy(built["out"] / entry.name / "kk_affine.so", so)
+    os.chmod(so, 0o777)
+    with pytest.raises(CacheSecurityError, match="writable by group or others"):
+        aot.find_prebuilt(target)
+    os.chmod(so, 0o755)
+    so.unlink()
+    so.symlink_to(built["out"] / entry.name / "kk_affine.so")
+    with pytest.raises(CacheSecurityError, match="symbolic link"):
+        aot.find_prebuilt(target)
+
+
+@pytest.mark.slow
+def test_opt_in_wheel_contains_prebuilt_libraries(built, tmp_path):
+    """KERNELKIT_AOT=1 pip wheel (affine only, reusing the fixture's objects: only linking is new)."""
+    wheels = tmp_path / "wheels"
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w", str(wheels), str(REPO)],
+        capture_output=True, text=True, timeout=1200,
+        env=env(KERNELKIT_AOT=1, KERNELKIT_AOT_OPS="affine", KERNELKIT_AOT_KERNELS_DIR=built["cards"],
+                KERNELKIT_AOT_BUILD_DIR=built["root"] / "build"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [whl] = wheels.glob("kernelkit-*.whl")
+    import zipfile
+
+    names = zipfile.ZipFile(whl).namelist()
+    libs = [n for n in names if n.startswith("kernelkit/prebuilt/affine-") and n.endswith("kk_affine.so")]
+    assert len(libs) == 1 and libs[0].replace("kk_affine.so", "manifest.json") in names, names
+    manifest = json.loads(zipfile.ZipFile(whl).read(libs[0].replace("kk_affine.so", "manifest.json")))
+    assert manifest["source_key"] == aot.source_key(plan("affine", built["cards"]))
+    print(f"wheel (affine, objects reused): {time.perf_counter() - t0:.1f} s")
+
+
+def run_ctest(built, tmp_path, select, expect: str) -> None:
+    """Configure and build examples/cpp against the fixture's prebuilt sigmoid, then run ctest."""
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake not installed")
+    build = tmp_path / "cpp"
+    prefix = torch.utils.cmake_prefix_path
+    for cmd in (["cmake", "-S", str(REPO / "examples" / "cpp"), "-B", str(build), f"-DCMAKE_PREFIX_PATH={prefix}",
+                 f"-DKERNELKIT_PREBUILT_DIR={built['out']}", "-DCMAKE_BUILD_TYPE=Release", "-DKERNELKIT_CARDS=sigmoid"],
+                ["cmake", "--build", str(build)],
+                ["ctest", "--test-dir", str(build), *select, "--output-on-failure"]):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert expect in proc.stdout, proc.stdout
+
+
+@pytest.mark.slow
+def test_cpp_consumer_builds_and_passes_ctest(built, tmp_path):
+    run_ctest(built, tmp_path, ["-LE", "gpu"], "cpu_sigmoid")
+
+
+# ------------------------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+def test_prebuilt_cuda_op_matches_torch_and_jit(built, tmp_path):
+    code = f"""
+        import torch, kernelkit
+        lib = kernelkit.load("sigmoid", kernels_dir={str(built['cards'])!r})
+        assert str(lib.path).startswith({str(built['out'])!r}), lib.path
+        x = torch.randn(1 << 20, device="cuda") * 4
+        torch.testing.assert_close(lib.sigmoid(x), torch.sigmoid(x))
+        torch.save(lib.sigmoid(torch.linspace(-9, 9, 4097, device="cuda")).cpu(), {str(tmp_path / 'aot.pt')!r})
+    """
+    proc = run_python(code, env=env(KERNELKIT_PREBUILT_PATH=built["out"], KERNELKIT_CACHE_DIR=tmp_path / "c"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    jit = kernelkit.load("sigmoid", kernels_dir=built["cards"])
+    assert not str(jit.path).startswith(str(built["out"]))
+    assert torch.equal(jit.sigmoid(torch.linspace(-9, 9, 4097, device="cuda")).cpu(), torch.load(tmp_path / "aot.pt"))
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_cpp_consumer_cuda_ops(built, tmp_path):
+    run_ctest(built, tmp_path, ["-L", "gpu"], "cuda_sigmoid")
