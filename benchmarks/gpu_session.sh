@@ -21,6 +21,8 @@ test)
   python3 -c "import kernelkit; print('\n'.join(kernelkit.cards()))" | xargs -P 8 -I{} python3 -m kernelkit build {} > "$OUT/build.txt" 2>&1
   tail -20 "$OUT/build.txt"
   timeout ${TEST_TIMEOUT:-480} python3 -m pytest -m "${PYTEST_MARK:-gpu}" -q -rfEs --durations=20 ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -60
+  # the notebooks, every one in its GPU mode (01-03 are not marked gpu: CI runs them on the CPU)
+  timeout ${NB_TIMEOUT:-300} python3 -m pytest tests/test_notebooks.py -q -rfEs -n 4 2>&1 | tee "$OUT/pytest_notebooks.txt" | tail -15
   ;;
 bench)
   python3 -m kernelkit run --out "$OUT/run" 2>&1 | tail -40
