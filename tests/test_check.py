@@ -227,7 +227,7 @@ def test_gpu_large_tensor_over_2_31_elements():
     free, _ = torch.cuda.mem_get_info()
     if free < 40 << 30:
         pytest.skip("needs ~40 GB of free GPU memory")
-    res = check(torch.add, torch.add, inputs=B.randn_args(2), shapes=[], dtypes=[torch.float16], large=True,
-                device="cuda")
+    res = check(torch.add, torch.add, inputs=B.randn_args(2), shapes=[(7,)], dtypes=[torch.float16], large=True,
+                device="cuda", trials=1)
     assert res.ok, res.message()
-    assert [c.shape for c in res.cases] == [((1 << 31) + 1,)]
+    assert ((1 << 31) + 1,) in [c.shape for c in res.cases]
