@@ -25,8 +25,8 @@ test)
   timeout ${NB_TIMEOUT:-300} python3 -m pytest tests/test_notebooks.py -q -rfEs -n 4 2>&1 | tee "$OUT/pytest_notebooks.txt" | tail -15
   ;;
 bench)
-  python3 -m kernelkit run --out "$OUT/run" 2>&1 | tail -40
-  python3 benchmarks/loader_bench.py --repeat ${LOADER_REPEAT:-2} --json "$OUT/loader_bench.json" 2>&1 | tail -12
+  /usr/bin/time -f "kernelkit run wall time: %e s" timeout ${RUN_TIMEOUT:-330} python3 -m kernelkit run --out "$OUT/run" 2>&1 | tail -45
+  timeout ${LB_TIMEOUT:-240} python3 benchmarks/loader_bench.py --repeat ${LOADER_REPEAT:-2} --json "$OUT/loader_bench.json" 2>&1 | tail -12
   ;;
 bench2)
   timeout 300 python3 benchmarks/diffusion_bench.py --json "$OUT/diffusion_bench.json" 2>&1 | tail -30
