@@ -29,7 +29,8 @@ bench)
   timeout ${LB_TIMEOUT:-240} python3 benchmarks/loader_bench.py --repeat ${LOADER_REPEAT:-2} --json "$OUT/loader_bench.json" 2>&1 | tail -12
   ;;
 bench2)
-  timeout 300 python3 benchmarks/diffusion_bench.py --json "$OUT/diffusion_bench.json" 2>&1 | tail -30
-  [ -f benchmarks/crosscheck_triton.py ] && timeout 120 python3 benchmarks/crosscheck_triton.py 2>&1 | tail -10
+  timeout ${DB_TIMEOUT:-300} python3 benchmarks/diffusion_bench.py --json "$OUT/diffusion_bench.json" ${DB_ARGS:-} 2>&1 | tail -40
+  timeout 120 python3 benchmarks/crosscheck_triton.py --json "$OUT/crosscheck.json" 2>&1 | tail -10
+  timeout ${LB_TIMEOUT:-200} python3 benchmarks/loader_bench.py --repeat ${LOADER_REPEAT:-1} --json "$OUT/loader_bench.json" 2>&1 | tail -10
   ;;
 esac
