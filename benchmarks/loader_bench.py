@@ -12,6 +12,7 @@ Every measurement runs in its own fresh interpreter. Usage:
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import platform
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 
 KERNEL = """
 __global__ void axpb_kernel(const float* x, float* y, long long n, float a, float b) {
@@ -76,21 +78,30 @@ src = json.loads(sys.stdin.read())
 def body(v):
     return src["cuda"].replace("a * x[i] + b;   // BODY", f"a * x[i] + b + {v}.0f;   // BODY")
 
+if len(sys.argv) > 4 and sys.argv[4] == "new":  # a different kernel: new device code and a new binding
+    src = {k: v.replace("axpb", "axpb2") for k, v in src.items()}
+    tag = tag + "_new"
+
+
 def load(v):
     if tool == "torch":
-        from torch.utils.cpp_extension import load_inline
         return load_inline("axpb_" + tag, cpp_sources=src["cpp"], cuda_sources=body(v), functions=["axpb"])
-    import kernelkit
     return kernelkit.load_inline("axpb_" + tag, cuda=body(v), cpp=src["cpp"])
 
 def usable(mod, v):
     if gpu:
         x = torch.randn(1 << 20, device="cuda")
-        y = mod.axpb(x, 2.0, 1.0)
+        y = getattr(mod, "axpb2" if tag.endswith("_new") else "axpb")(x, 2.0, 1.0)
         torch.cuda.synchronize()
         assert torch.allclose(y, 2 * x + 1 + v), "wrong result"
 
 out = {}
+t0 = time.perf_counter()
+if tool == "torch":
+    from torch.utils.cpp_extension import load_inline
+else:
+    import kernelkit
+out["import"] = time.perf_counter() - t0
 t0 = time.perf_counter()
 mod = load(0)
 out["load_only"] = time.perf_counter() - t0
@@ -105,9 +116,10 @@ print(json.dumps(out))
 """
 
 
-def child(tool: str, edit: bool, env: dict, tag: str) -> dict:
+def child(tool: str, edit: bool, env: dict, tag: str, new: bool = False) -> dict:
     src = {"cuda": TORCH_CUDA, "cpp": TORCH_CPP} if tool == "torch" else {"cuda": KK_CUDA, "cpp": KK_CPP}
-    p = subprocess.run([sys.executable, "-c", CHILD, tool, "1" if edit else "0", tag], input=json.dumps(src),
+    args = [tool, "1" if edit else "0", tag] + (["new"] if new else [])
+    p = subprocess.run([sys.executable, "-c", CHILD, *args], input=json.dumps(src),
                        capture_output=True, text=True, env=env, timeout=1800)
     if p.returncode != 0:
         raise RuntimeError(f"{tool} child failed:\n{p.stderr[-3000:]}")
@@ -115,7 +127,7 @@ def child(tool: str, edit: bool, env: dict, tag: str) -> dict:
 
 
 def measure(tool: str, repeat: int) -> dict:
-    cold, warm, warm_load, edit = [], [], [], []
+    cold, warm, warm_load, imports, edit, new_kernel = [], [], [], [], [], []
     for r in range(repeat):
         with tempfile.TemporaryDirectory() as d:
             env = dict(os.environ, TORCH_EXTENSIONS_DIR=os.path.join(d, "torch"),
@@ -127,11 +139,21 @@ def measure(tool: str, repeat: int) -> dict:
             w = child(tool, False, env, tag)
             warm.append(w["load"])
             warm_load.append(w["load_only"])
+            imports.append(w["import"])
             edit.append(child(tool, True, env, tag)["edit"])
-        print(f"  {tool:<9} run {r + 1}: cold {cold[-1]:7.2f} s  warm load {warm_load[-1] * 1e3:7.1f} ms "
+            if tool == "kernelkit":  # once the precompiled binding header exists: a brand-new kernel
+                pch = glob.glob(os.path.join(d, "kk", "v1", "pch", "*", "kernelkit", "binding.h.gch"))
+                t_wait = time.time()
+                while not pch and time.time() - t_wait < 120:
+                    time.sleep(0.5)
+                    pch = glob.glob(os.path.join(d, "kk", "v1", "pch", "*", "kernelkit", "binding.h.gch"))
+                new_kernel.append(child(tool, False, env, tag, new=True)["load"] if pch else float("nan"))
+        print(f"  {tool:<9} run {r + 1}: cold {cold[-1]:7.2f} s  import {imports[-1] * 1e3:6.1f} ms  "
+              f"warm load {warm_load[-1] * 1e3:7.1f} ms "
               f"(+ first call {warm[-1] * 1e3:7.1f} ms)  edit {edit[-1]:6.2f} s", flush=True)
     med = statistics.median
-    return {"cold_s": med(cold), "warm_s": med(warm), "warm_load_s": med(warm_load), "edit_s": med(edit),
+    return {"cold_s": med(cold), "warm_s": med(warm), "warm_load_s": med(warm_load), "import_s": med(imports),
+            "edit_s": med(edit), "new_kernel_s": med(new_kernel) if new_kernel else None,
             "cold_all": cold, "warm_all": warm, "warm_load_all": warm_load, "edit_all": edit}
 
 
@@ -160,9 +182,11 @@ def main() -> int:
         | step | torch load_inline | kernelkit | ratio |
         |---|---|---|---|
         | cold build | {t['cold_s']:.1f} s | {k['cold_s']:.1f} s | {t['cold_s'] / k['cold_s']:.1f}x |
-        | warm load, new process | {t['warm_load_s'] * 1e3:.0f} ms | {k['warm_load_s'] * 1e3:.1f} ms | {t['warm_load_s'] / k['warm_load_s']:.0f}x |
+        | import (torch.utils.cpp_extension / kernelkit) | {t['import_s'] * 1e3:.0f} ms | {k['import_s'] * 1e3:.0f} ms | {t['import_s'] / k['import_s']:.1f}x |
+        | warm load, new process (after the import) | {t['warm_load_s'] * 1e3:.0f} ms | {k['warm_load_s'] * 1e3:.1f} ms | {t['warm_load_s'] / k['warm_load_s']:.0f}x |
         | warm load + first call | {t['warm_s'] * 1e3:.0f} ms | {k['warm_s'] * 1e3:.1f} ms | {t['warm_s'] / k['warm_s']:.1f}x |
         | kernel-body edit -> usable op | {t['edit_s']:.1f} s | {k['edit_s']:.2f} s | {t['edit_s'] / k['edit_s']:.0f}x |
+        | cold build of another kernel (toolchain cache warm; torch: its cold build) | {t['cold_s']:.1f} s | {k['new_kernel_s']:.1f} s | {t['cold_s'] / k['new_kernel_s']:.1f}x |
     """))
     if args.json:
         with open(args.json, "w") as f:

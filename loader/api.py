@@ -106,7 +106,8 @@ def _plan_card(card: cards.Card, arch, extra_cflags, extra_cuda_cflags, extra_ld
         ])
         path = _write_source(text, f"{card.name}_binding.cpp")
         units.append(_build.plan_unit("cpp", path, text, include_dirs, cflags, archs,
-                                      f"{_display(header)} (binding)", optimize="-O2"))
+                                      f"{_display(header)} (binding)", optimize="-O2",
+                                      pch_defines=_pch_defines(with_cuda)))
     return _make_target(card.name, units, with_cuda, None, _flags(extra_ldflags, "extra_ldflags"), texts)
 
 
@@ -240,10 +241,16 @@ def load_inline(name: str, cuda: Optional[str] = None, cpp: Optional[str] = None
             texts[f"{name}_bindings.cpp"] = tail.splitlines()[1:]
         text = head + body + tail
         path = _write_source(text, f"{name}_binding.cpp")
-        units.append(_build.plan_unit("cpp", path, text, include_dirs, cflags, archs, f"{name}.cpp", optimize="-O2"))
+        units.append(_build.plan_unit("cpp", path, text, include_dirs, cflags, archs, f"{name}.cpp", optimize="-O2",
+                                      pch_defines=None if funcs else _pch_defines(with_cuda)))
         texts[f"{name}.cpp"] = (cpp or "").splitlines()
     target = _make_target(name, units, with_cuda, pymodule, _flags(extra_ldflags, "extra_ldflags"), texts)
     return _open(target, None, {}, True)
+
+
+def _pch_defines(with_cuda: bool) -> List[str]:
+    """The macros the generated binding text defines before <kernelkit/binding.h> (a PCH must see the same)."""
+    return ["KERNELKIT_BINDING=1"] + (["KERNELKIT_WITH_CUDA=1"] if with_cuda else [])
 
 
 def _cpp_string(s: str) -> str:

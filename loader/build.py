@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -22,12 +23,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from . import cache, toolchain
 from .errors import BuildError, parse_diagnostics
 from .progress import Status, say
-from .sources import scan_includes, digest_tree, sha256_bytes, sha256_file
+from .sources import digest_tree, scan_includes, sha256_bytes, sha256_file
 
 log = logging.getLogger("kernelkit")
 
 #: counters a test (or a curious user) can read: how many compiler/linker processes this process ran
-STATS = {"compiles": 0, "links": 0}
+STATS = {"compiles": 0, "links": 0, "pch_builds": 0, "pch_used": 0, "pch_rejected": 0}
 
 
 @dataclasses.dataclass
@@ -41,10 +42,11 @@ class Unit:
     key: str
     deps: List[Path]
     digest: str = ""  # the TU's text + local headers, by content (what an AOT source key is made of)
+    pch_defines: Optional[List[str]] = None  # a binding TU that starts with <kernelkit/binding.h>
 
-    def command(self, out: Path) -> List[str]:
+    def command(self, out: Path, extra: Sequence[str] = ()) -> List[str]:
         compiler = toolchain.nvcc() if self.kind == "cu" else toolchain.cxx()
-        return toolchain.launcher() + [compiler, *self.flags, "-c", str(self.path), "-o", str(out)]
+        return toolchain.launcher() + [compiler, *extra, *self.flags, "-c", str(self.path), "-o", str(out)]
 
 
 @dataclasses.dataclass
@@ -66,7 +68,8 @@ class Target:
 
 
 def plan_unit(kind: str, path: Path, text: str, include_dirs: Sequence[Path], extra: Sequence[str],
-              archs: Sequence[str], display: str, optimize: str = "-O3") -> Unit:
+              archs: Sequence[str], display: str, optimize: str = "-O3",
+              pch_defines: Optional[List[str]] = None) -> Unit:
     deps, uses_torch = scan_includes(text, path.parent, include_dirs)
     incs = [f"-I{d}" for d in include_dirs]
     if kind == "cu":
@@ -91,7 +94,7 @@ def plan_unit(kind: str, path: Path, text: str, include_dirs: Sequence[Path], ex
     digest = digest_tree(text.encode(), deps)
     key = sha256_bytes(b"unit", kind.encode(), toolchain.fingerprint().encode(), compiler_id.encode(),
                        "\0".join(key_flags).encode(), digest.encode())
-    return Unit(kind, path, display, flags, key, deps, digest)
+    return Unit(kind, path, display, flags, key, deps, digest, pch_defines)
 
 
 def link_flags(with_cuda: bool, pymodule: bool, extra: Sequence[str]) -> List[str]:
@@ -115,7 +118,7 @@ def target_key(name: str, units: Sequence[Unit], ldflags: Sequence[str]) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- running
-def _run(cmd: List[str], what: str, target: Target, counter: str) -> None:
+def _run(cmd: List[str], what: str, target: Target, counter: str) -> str:
     STATS[counter] += 1
     log.debug("running: %s", " ".join(cmd))
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -125,6 +128,57 @@ def _run(cmd: List[str], what: str, target: Target, counter: str) -> None:
         raise BuildError(what, diags, proc.stdout, cmd)
     if proc.stdout.strip():
         log.debug("%s output:\n%s", what, proc.stdout)
+    return proc.stdout
+
+
+# ------------------------------------------------------------------------------------ precompiled header
+def pch_enabled() -> bool:
+    return os.environ.get("KERNELKIT_PCH", "1") != "0" and toolchain.is_gcc()
+
+
+def _pch_plan(unit: Unit) -> Tuple[Path, List[str]]:
+    """Where the precompiled <kernelkit/binding.h> for this TU's flags lives, and the command making it.
+    Card include dirs are left out (gcc does not need -I to match), so every card shares one PCH."""
+    flags = [f for f in unit.flags
+             if not (f.startswith("-I") and f[2:] not in toolchain.torch_include_paths(True)
+                     and f[2:] not in toolchain.torch_include_paths(False) and f[2:] != str(toolchain.CSRC)
+                     and f[2:] != toolchain.python_include())]
+    defines = [f"-D{d}" for d in unit.pch_defines or []]
+    header = toolchain.CSRC / "kernelkit" / "binding.h"
+    deps, _ = scan_includes(header.read_text(), header.parent, [toolchain.CSRC])
+    key = sha256_bytes(b"pch", toolchain.fingerprint().encode(), "\0".join(flags + defines).encode(),
+                       digest_tree(header.read_bytes(), deps).encode())[:24]
+    pch_root = cache.subdir("pch") / key
+    cmd = [toolchain.cxx(), *flags, *defines, "-x", "c++-header", str(header)]
+    return pch_root, cmd
+
+
+def _pch_flags(unit: Unit) -> List[str]:
+    """Flags that use a ready PCH; if there is none yet, start building it in a detached process (it
+    outlives this one and is renamed into place when complete), so this build is not slowed down."""
+    if unit.pch_defines is None or not pch_enabled():
+        return []
+    root, cmd = _pch_plan(unit)
+    gch = root / "kernelkit" / "binding.h.gch"
+    if gch.is_file():
+        STATS["pch_used"] += 1
+        return [f"-I{root}", "-Winvalid-pch"]  # gcc skips a PCH it cannot use and reads the header
+    (root / "kernelkit").mkdir(parents=True, exist_ok=True)
+    claim = root / "building"
+    try:  # one builder per PCH; a claim older than 15 minutes is a dead builder's
+        fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        os.close(fd)
+    except FileExistsError:
+        if time.time() - claim.stat().st_mtime < 900:
+            return []
+        claim.touch()
+    tmp = gch.with_name(f".binding.h.gch.{os.getpid()}")
+    q = shlex.quote
+    script = f"{shlex.join(cmd)} -o {q(str(tmp))} && mv -f {q(str(tmp))} {q(str(gch))}; rm -f {q(str(tmp))} {q(str(claim))}"
+    subprocess.Popen(["sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, start_new_session=True)
+    STATS["pch_builds"] += 1
+    return []
 
 
 def _compile(unit: Unit, target: Target) -> Path:
@@ -138,7 +192,11 @@ def _compile(unit: Unit, target: Target) -> Path:
         tmp = cache.private_tmpdir("obj-")
         try:
             out = tmp / f"{unit.key}.o"
-            _run(unit.command(out), f"compiling {unit.display}", target, "compiles")
+            pch = _pch_flags(unit)
+            output = _run(unit.command(out, pch), f"compiling {unit.display}", target, "compiles")
+            if pch and "invalid-pch" in output:  # still correct (gcc read the header), just not faster
+                STATS["pch_rejected"] += 1
+                log.warning("precompiled binding.h was not usable for %s:\n%s", unit.display, output[-800:])
             return cache.store_object(unit.key, out, {"display": unit.display, "kind": unit.kind})
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

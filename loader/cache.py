@@ -21,8 +21,6 @@ import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
-import filelock
-
 from .errors import CacheSecurityError, LockTimeout
 from .sources import sha256_file
 
@@ -79,6 +77,8 @@ def lock_timeout() -> float:
 @contextlib.contextmanager
 def locked(key: str, what: str, on_wait=None) -> Iterator[None]:
     """Hold the lock for ``key``. flock-based, so a holder killed with SIGKILL releases it at once."""
+    import filelock  # only builds lock; a warm load never imports it
+
     lock = filelock.FileLock(str(subdir("locks") / f"{key}.lock"), mode=0o600)
     try:
         lock.acquire(timeout=0)

@@ -63,7 +63,10 @@ def _namespace(card: str) -> str:
 
 # Under torch.compile Dynamo runs this at trace time as an opaque call with a constant result, instead of
 # tracing the build machinery (which would be a graph break) when the card is not loaded yet.
-_namespace_for_trace = torch._dynamo.assume_constant_result(_namespace)
+# (torch._dynamo.assume_constant_result only sets this marker; calling it would import all of Dynamo,
+# ~1 s, on every warm load of a card)
+_namespace_for_trace = _namespace
+_namespace_for_trace._dynamo_marked_constant = True
 
 
 def _library(card: str):

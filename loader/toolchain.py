@@ -54,6 +54,19 @@ def nvcc() -> str:
     raise KernelkitError("nvcc not found: install the CUDA toolkit, or set KERNELKIT_NVCC or CUDA_HOME")
 
 
+@functools.lru_cache(maxsize=None)
+def is_gcc() -> bool:
+    """Whether cxx() is GCC (its precompiled headers are what kernelkit uses). Spawns the compiler once,
+    on a build path only."""
+    import subprocess
+
+    try:
+        out = subprocess.run([cxx(), "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "clang" not in out.lower() and ("gcc" in out.lower() or "g++" in out.lower() or "free software" in out.lower())
+
+
 def launcher() -> List[str]:
     """Optional compiler launcher (ccache, sccache, a wrapper): prefixes every compile, not in the key."""
     return shlex.split(os.environ.get("KERNELKIT_COMPILER_LAUNCHER", ""))

@@ -6,6 +6,9 @@ import tempfile
 # the session so compiled objects (the torch-facing binding TUs above all) are reused between tests.
 if "KERNELKIT_TEST_KEEP_CACHE" not in os.environ:
     os.environ["KERNELKIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="kk-test-cache-")
+# The precompiled binding header (~450 MB, ~25 s of CPU) is exercised by its own test; elsewhere it would
+# only make every fresh test cache build one in the background.
+os.environ.setdefault("KERNELKIT_PCH", "0")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
