@@ -588,7 +588,7 @@ def check(op, reference: Optional[Callable] = None, inputs: InputsArg = None, *,
                 case = new_case("backward", dtype, shape, "contiguous", 0)
                 _run_backward(plan, case, plan.inputs(shape, dtype, case.seed), spec.grad_inputs)
     if large:
-        _large(plan, result, new_case, dtypes)
+        _large(plan, result, new_case, dtypes, shapes)
     _gradchecks(plan, result, new_case, shapes, dtypes, gradcheck)
     return _finish(result, t0, raise_on_fail)
 
@@ -615,9 +615,9 @@ def _gradchecks(plan: _Plan, result: CheckResult, new_case, shapes, dtypes, grad
             _run_gradcheck(plan, case, args, grad_inputs)
 
 
-def _large(plan: _Plan, result: CheckResult, new_case, dtypes) -> None:
+def _large(plan: _Plan, result: CheckResult, new_case, dtypes, checked_shapes) -> None:
     shapes = list(plan.spec.large_shapes)
-    if not shapes and all(len(s) == 1 for s in plan.spec.shapes):
+    if not shapes and checked_shapes and all(len(s) == 1 for s in checked_shapes):  # a 1-D (elementwise) op
         shapes = [((1 << 31) + 1,)]
     if not shapes:
         result.notes.append("large=True: the spec lists no large_shapes")
