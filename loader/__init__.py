@@ -10,11 +10,8 @@ from .errors import BuildError, CacheSecurityError, KernelkitError, LockTimeout 
 from .library import Library  # noqa: E402
 from .spec import Spec  # noqa: E402
 
-try:  # the harness (check/bench) is optional at import time: a broken harness must not break loading
-    from .check import CheckError, check  # noqa: F401
-    from .bench import bench  # noqa: F401
-except ImportError:  # pragma: no cover
-    pass
+from .bench import BenchResult, bench  # noqa: E402
+from .check import CheckError, CheckResult, check  # noqa: E402
 
 
 def __getattr__(name):

@@ -81,12 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--kernels-dir", help="directory of cards (default: KERNELKIT_PATH + built-in)")
     b.set_defaults(func=cmd_build)
 
-    try:
-        from . import harness_cli
-    except ImportError:  # pragma: no cover - the harness ships with the package
-        harness_cli = None
-    if harness_cli is not None:
-        harness_cli.register(sub)
+    from . import harness_cli
+
+    harness_cli.register(sub)  # check, bench, run
     return p
 
 

@@ -193,19 +193,23 @@ def test_unknown_card_error(tmp_path):
         kernelkit.load("missing", kernels_dir=tmp_path)
 
 
+def _load_in_fresh_process_is_refused(card_dir, expected: str) -> None:
+    out = run_python(f"""
+        import kernelkit
+        try:
+            kernelkit.load("affine", kernels_dir={str(card_dir)!r})
+        except kernelkit.CacheSecurityError as e:
+            print("refused:", e)
+    """, env=fresh_env())
+    assert "refused:" in out.stdout and expected in out.stdout, out.stdout + out.stderr
+
+
 def test_world_writable_entry_is_refused(card_dir):
     lib = kernelkit.load("affine", kernels_dir=card_dir)
     so = _entry("affine", lib) / lib.path.name
     os.chmod(so, 0o777)
     try:
-        out = run_python(f"""
-            import kernelkit
-            try:
-                kernelkit.load("affine", kernels_dir={str(card_dir)!r})
-            except kernelkit.CacheSecurityError as e:
-                print("refused:", e)
-        """, env=fresh_env())
-        assert "refused:" in out.stdout and "writable by group or others" in out.stdout, out.stderr
+        _load_in_fresh_process_is_refused(card_dir, "writable by group or others")
     finally:
         os.chmod(so, 0o700)
 
@@ -216,14 +220,7 @@ def test_foreign_owned_entry_is_refused(card_dir):
     so = _entry("affine", lib) / lib.path.name
     os.chown(so, 12345, 12345)
     try:
-        out = run_python(f"""
-            import kernelkit
-            try:
-                kernelkit.load("affine", kernels_dir={str(card_dir)!r})
-            except kernelkit.CacheSecurityError as e:
-                print("refused:", e)
-        """, env=fresh_env())
-        assert "refused:" in out.stdout and "owned by uid 12345" in out.stdout, out.stderr
+        _load_in_fresh_process_is_refused(card_dir, "owned by uid 12345")
     finally:
         os.chown(so, 0, 0)
 
