@@ -24,18 +24,8 @@ template <typename T> cudaError_t elementwise_mul_cuda(const T* a, const T* b, T
 namespace kk {
 
 inline at::Tensor elementwise_mul(const at::Tensor& a, const at::Tensor& b) {
-  auto ops = binary_operands("elementwise_mul", a, "a", b, "b");
-  at::Tensor out = at::empty(ops.shape, ops.a.options());
-  KK_DISPATCH_FLOATING(out.scalar_type(), "elementwise_mul", [&] {
-    if (out.is_cuda()) {
-      KK_CUDA_LAUNCH(out.device(), elementwise_mul_cuda(cuda_cptr<scalar_t>(ops.a), cuda_cptr<scalar_t>(ops.b),
-                                                        cuda_ptr<scalar_t>(out), out.numel(),
-                                                        at::cuda::getCurrentCUDAStream()));
-    } else {
-      cpu_elementwise<scalar_t>(out, MulOp<at::opmath_type<scalar_t>>{}, ops.a, ops.b);
-    }
-  });
-  return out;
+  return binary_elementwise<MulOp>("elementwise_mul", a, "a", b, "b",
+                                   [](auto... args) { return elementwise_mul_cuda(args...); });
 }
 
 struct MulAutograd : torch::autograd::Function<MulAutograd> {

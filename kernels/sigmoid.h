@@ -51,18 +51,8 @@ inline at::Tensor sigmoid(const at::Tensor& x) {
 }
 
 inline at::Tensor sigmoid_backward(const at::Tensor& grad, const at::Tensor& out) {
-  auto ops = binary_operands("sigmoid_backward", grad, "grad", out, "out");
-  at::Tensor gx = at::empty(ops.shape, ops.a.options());
-  KK_DISPATCH_FLOATING(gx.scalar_type(), "sigmoid_backward", [&] {
-    if (gx.is_cuda()) {
-      KK_CUDA_LAUNCH(gx.device(), sigmoid_backward_cuda(cuda_cptr<scalar_t>(ops.a), cuda_cptr<scalar_t>(ops.b),
-                                                        cuda_ptr<scalar_t>(gx), gx.numel(),
-                                                        at::cuda::getCurrentCUDAStream()));
-    } else {
-      cpu_elementwise<scalar_t>(gx, SigmoidBackwardOp<at::opmath_type<scalar_t>>{}, ops.a, ops.b);
-    }
-  });
-  return gx;
+  return binary_elementwise<SigmoidBackwardOp>("sigmoid_backward", grad, "grad", out, "out",
+                                               [](auto... args) { return sigmoid_backward_cuda(args...); });
 }
 
 // d sigmoid: grad_x = sigmoid_backward(g, s), from the saved output s.

@@ -239,3 +239,26 @@ inline std::vector<c10::IValue> pop_args(torch::jit::Stack* stack, size_t n) {
 #else
 #define KK_CUDA_LAUNCH(device, expr) TORCH_CHECK(false, "kernelkit: this card was built without CUDA")
 #endif
+
+namespace kk {
+
+// out = Op(a, b) elementwise with torch's broadcasting, for every binary elementwise card: checked and
+// broadcast operands, then `launch(a, b, out, n, stream)` (typed device pointers) on CUDA, or the CPU
+// loop with Op<opmath type> otherwise. `op`, `an`, `bn` name the op and its arguments in errors.
+template <template <typename> class Op, typename Launch>
+at::Tensor binary_elementwise(const char* op, const at::Tensor& a, const char* an, const at::Tensor& b,
+                              const char* bn, Launch&& launch) {
+  auto ops = binary_operands(op, a, an, b, bn);
+  at::Tensor out = at::empty(ops.shape, ops.a.options());
+  KK_DISPATCH_FLOATING(out.scalar_type(), "kk::binary_elementwise", [&] {
+    if (out.is_cuda()) {
+      KK_CUDA_LAUNCH(out.device(), launch(cuda_cptr<scalar_t>(ops.a), cuda_cptr<scalar_t>(ops.b),
+                                          cuda_ptr<scalar_t>(out), out.numel(), at::cuda::getCurrentCUDAStream()));
+    } else {
+      cpu_elementwise<scalar_t>(out, Op<at::opmath_type<scalar_t>>{}, ops.a, ops.b);
+    }
+  });
+  return out;
+}
+
+}  // namespace kk
