@@ -115,7 +115,7 @@ inline at::Tensor ddpm_step_impl(const at::Tensor& model_output, const at::Tenso
                 ", got ", noise->sizes());
     z = noise->contiguous();
   }
-  at::Tensor out = at::empty(x.sizes(), x.options());
+  at::Tensor out = new_output(x.sizes(), x);
   if (out.numel() == 0) return out;
   if (!out.is_cuda()) {
     if (!z.defined()) z = at::randn(x.sizes(), generator, x.options());

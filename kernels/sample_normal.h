@@ -70,7 +70,7 @@ inline at::Tensor sample_normal(const at::Tensor& mu, const at::Tensor& sigma, i
                                 std::optional<at::Generator> generator) {
   const int64_t d = sample_normal_check(mu, sigma, generator);
   TORCH_CHECK(n >= 0, "sample_normal: n must be >= 0, got ", n);
-  at::Tensor out = at::empty({d, n}, mu.options());
+  at::Tensor out = new_output({d, n}, mu);
   sample_normal_fill(out, mu, sigma, generator);
   return out;
 }

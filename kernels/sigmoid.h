@@ -1,5 +1,6 @@
 // sigmoid: numerically stable logistic function and its backward from the saved output.
-//   forward:  s = 1 / (1 + e^-x) for x >= 0, e^x / (1 + e^x) otherwise (one exp of -|x|: never inf/NaN)
+//   forward:  s = 1 / (1 + e^-x) for x >= 0, e^x * (1 / (1 + e^x)) otherwise (one exp of -|x|: never
+//             inf/NaN)
 //   backward: grad_x = g * s * (1 - s), one fused pass over (g, s)
 #pragma once
 
@@ -14,7 +15,8 @@ template <typename A> struct SigmoidOp {
   KK_HD A operator()(A x) const {
     using std::exp;
     const A e = exp(x >= A(0) ? -x : x);  // in (0, 1]
-    return x >= A(0) ? A(1) / (A(1) + e) : e / (A(1) + e);
+    const A r = A(1) / (A(1) + e);          // one division for both signs
+    return x >= A(0) ? r : e * r;
   }
 };
 
@@ -38,7 +40,7 @@ namespace kk {
 inline at::Tensor sigmoid(const at::Tensor& x) {
   check_floating("sigmoid", x, "x");
   const at::Tensor xc = x.contiguous();
-  at::Tensor out = at::empty(xc.sizes(), xc.options());
+  at::Tensor out = new_output(xc.sizes(), xc);
   KK_DISPATCH_FLOATING(out.scalar_type(), "sigmoid", [&] {
     if (out.is_cuda()) {
       KK_CUDA_LAUNCH(out.device(), sigmoid_cuda(cuda_cptr<scalar_t>(xc), cuda_ptr<scalar_t>(out), out.numel(),

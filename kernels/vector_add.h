@@ -44,7 +44,7 @@ inline double vector_add_alpha(const at::Scalar& alpha) {
 
 inline at::Tensor vector_add(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha) {
   auto ops = binary_operands("vector_add", a, "a", b, "b");
-  at::Tensor out = at::empty(ops.shape, ops.a.options());
+  at::Tensor out = new_output(ops.shape, ops.a);
   vector_add_compute(out, ops.a, ops.b, vector_add_alpha(alpha));
   return out;
 }

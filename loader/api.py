@@ -23,6 +23,14 @@ log = logging.getLogger("kernelkit")
 _LOCK = threading.RLock()
 _BY_KEY: Dict[str, Library] = {}  # every build loaded in this process (a .so cannot be unloaded)
 _LATEST: Dict[str, Library] = {}  # card/inline name -> its newest build
+_ON_ACTIVATE: List = []  # callbacks(lib) run whenever a name switches to another already-set-up build
+
+
+def on_activate(callback) -> None:
+    """Call ``callback(lib)`` whenever ``load`` makes an earlier build of a name its newest again (an
+    edit undone: the build is reused, its card's ``setup`` is not run again). New builds are announced
+    by their card's ``setup(lib)``."""
+    _ON_ACTIVATE.append(callback)
 
 
 @dataclasses.dataclass
@@ -117,7 +125,10 @@ def _open(target: _build.Target, card: Optional[cards.Card], options: dict, do_l
         if lib is not None:  # unchanged: no compiler, no dlopen, no hashing of the .so
             if card is not None:  # identical content may live elsewhere: watch the files asked for now
                 lib.card, lib._options = card, options
-            _LATEST[target.name] = lib
+            if _LATEST.get(target.name) is not lib:
+                _LATEST[target.name] = lib
+                for callback in _ON_ACTIVATE:
+                    callback(lib)
             return lib
         prebuilt = aot.find_prebuilt(target)
         if prebuilt is not None:

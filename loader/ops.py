@@ -21,9 +21,10 @@ __all__ = ["vector_add", "elementwise_mul", "sigmoid", "sigmoid_backward", "samp
 # torch.compile guards on it (a reload triggers a recompile, not a stale op).
 _CURRENT: Dict[str, Dict[str, torch._ops.OpOverload]] = {}
 # card name -> {op name: the OpOverload's C++ callable}: the eager hot path (skips OpOverload.__call__).
+# Always the loader's newest build of the card: a new build's setup() binds it (_bind), and the loader's
+# on_activate hook rebinds when it switches back to an earlier build.
 _FAST: Dict[str, Dict[str, object]] = {}
-# card name -> the Library bound in _CURRENT/_FAST; namespace -> op names its card's setup() bound.
-_BOUND: Dict[str, object] = {}
+# namespace -> op names its card's setup() bound (to rebind that build without running setup again).
 _BOUND_NS: Dict[str, Sequence[str]] = {}
 
 
@@ -37,17 +38,19 @@ def _bind(lib, op_names: Sequence[str]) -> None:
     _CURRENT[lib.name] = overloads
     _FAST[lib.name] = {name: getattr(ov, "_op", ov) for name, ov in overloads.items()}
     _BOUND_NS[lib.ns] = tuple(op_names)
-    _BOUND[lib.name] = lib
+
+
+def _on_activate(lib) -> None:
+    if lib.ns in _BOUND_NS:
+        _bind(lib, _BOUND_NS[lib.ns])
 
 
 def _sync(card: str) -> None:
-    """Bind the card's newest loaded build (kernelkit.library: loads it on first use)."""
+    """Bind the card's newest build (kernelkit.library: loaded, and set up, on first use)."""
     import kernelkit
 
     lib = kernelkit.library(card)
-    if _BOUND.get(card) is lib:
-        return
-    if lib.ns in _BOUND_NS:  # a build set up before (e.g. the loader switched back to it): rebind
+    if lib.ns in _BOUND_NS:
         _bind(lib, _BOUND_NS[lib.ns])
         return
     module = lib.card.module() if getattr(lib, "card", None) is not None else None
@@ -57,8 +60,10 @@ def _sync(card: str) -> None:
 
 
 def _namespace(card: str) -> str:
+    import kernelkit
+
     _sync(card)
-    return _BOUND[card].ns
+    return kernelkit.library(card).ns
 
 
 # Under torch.compile Dynamo runs this at trace time as an opaque call with a constant result, instead of
@@ -68,22 +73,29 @@ def _namespace(card: str) -> str:
 _namespace_for_trace = _namespace
 _namespace_for_trace._dynamo_marked_constant = True
 
-
-def _library(card: str):
-    import kernelkit
-
-    return kernelkit.library(card)
+_is_compiling = torch.compiler.is_compiling
 
 
 def _op(card: str, op: str):
     """The callable for ``op`` of ``card``'s newest build: the OpOverload under torch.compile, its C++
-    callable in eager. Per call: one kernelkit.library() lookup and an identity check."""
-    if torch.compiler.is_compiling():
+    callable in eager (two dict lookups: this is on every call's path)."""
+    if _is_compiling():
         _namespace_for_trace(card)  # syncs/loads the card before Dynamo reads (and guards on) _CURRENT
         return _CURRENT[card][op]
-    if _BOUND.get(card) is not _library(card):
+    fns = _FAST.get(card)
+    if fns is None:
         _sync(card)
-    return _FAST[card][op]
+        fns = _FAST[card]
+    return fns[op]
+
+
+def _register_hook() -> None:
+    from . import api
+
+    api.on_activate(_on_activate)
+
+
+_register_hook()
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -176,10 +188,13 @@ def sample_normal(mu: torch.Tensor, sigma: torch.Tensor, n: int, *, generator: O
     ``sigma`` of shape ``(d,)`` (same dtype — float32/float64/float16/bfloat16 — and device). Every
     ``z[i, j]`` is an independent N(0, 1) draw.
 
-    On CUDA, z is generated inside the kernel with Philox from ``generator`` (default: the device's
-    default CUDA generator), like torch's own random ops: the same seed gives the same samples, the
-    generator advances on every call, and each replay of a captured CUDA graph draws fresh samples. On
-    CPU it uses ``torch.randn`` with the CPU generator (a different stream of numbers than CUDA).
+    On CUDA, z is generated inside the kernel with Philox4x32-10 from ``generator`` (default: the
+    device's default CUDA generator), like torch's own random ops: the same seed gives the same samples,
+    the generator advances on every call, and each replay of a captured CUDA graph draws fresh samples.
+    float64 uses cuRAND's exact double Box-Muller; float32/float16/bfloat16 use the GPU's approximate
+    log/sqrt/sin/cos, within ~1e-6 (1 + |z|) of the exact transform of the same random bits
+    (``kernelkit.reference.philox`` reproduces every sample). On CPU it uses ``torch.randn`` with the
+    CPU generator (a different stream of numbers than CUDA).
 
     Args:
         n: samples per row (>= 0). No limit on ``n`` or ``d``.
@@ -190,6 +205,8 @@ def sample_normal(mu: torch.Tensor, sigma: torch.Tensor, n: int, *, generator: O
     Not differentiable. Under ``torch.compile`` pass ``generator=None``.
     """
     if out is None:
+        if generator is None:  # keyword parsing costs ~0.3 us of host time per call
+            return _op("sample_normal", "sample_normal")(mu, sigma, n)
         return _op("sample_normal", "sample_normal")(mu, sigma, n, generator=generator)
     if out.dim() != 2 or out.shape[1] != n:
         raise ValueError(f"kernelkit.ops.sample_normal: out must have shape (d, n) = ({mu.shape[0] if mu.dim() else '?'}, "

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/OpMathType.h>
@@ -20,6 +21,7 @@
 #ifdef KERNELKIT_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <ATen/cuda/EmptyTensor.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -68,6 +70,17 @@ inline std::vector<int64_t> broadcast_shape(const char* op, const at::Tensor& a,
 inline at::Tensor expand_contiguous(const at::Tensor& t, at::IntArrayRef shape) {
   if (t.sizes() == shape) return t.contiguous();
   return t.expand(shape).contiguous();
+}
+
+// A new contiguous result tensor of `sizes` with the dtype and device of `like`, straight from the
+// device's caching allocator as ATen's own kernels allocate (at::empty would be one more trip through
+// the dispatcher on every call).
+inline at::Tensor new_output(at::IntArrayRef sizes, const at::Tensor& like) {
+#ifdef KERNELKIT_WITH_CUDA
+  if (like.is_cuda()) return at::Tensor(at::detail::empty_cuda(sizes, like.options()));
+#endif
+  if (like.is_cpu()) return at::Tensor(at::detail::empty_cpu(sizes, like.options()));
+  return at::empty(sizes, like.options());
 }
 
 // out= must match exactly: shape, dtype, device; it must not partially overlap an input.
@@ -249,7 +262,7 @@ template <template <typename> class Op, typename Launch>
 at::Tensor binary_elementwise(const char* op, const at::Tensor& a, const char* an, const at::Tensor& b,
                               const char* bn, Launch&& launch) {
   auto ops = binary_operands(op, a, an, b, bn);
-  at::Tensor out = at::empty(ops.shape, ops.a.options());
+  at::Tensor out = new_output(ops.shape, ops.a);
   KK_DISPATCH_FLOATING(out.scalar_type(), "kk::binary_elementwise", [&] {
     if (out.is_cuda()) {
       KK_CUDA_LAUNCH(out.device(), launch(cuda_cptr<scalar_t>(ops.a), cuda_cptr<scalar_t>(ops.b),
