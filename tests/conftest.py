@@ -37,3 +37,28 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_gpu)
         elif "cuda_build" in item.keywords and problem:
             item.add_marker(no_nvcc)
+
+
+@pytest.fixture
+def big_gpu_memory(tmp_path_factory):
+    """For tests that need tens of GB of GPU memory: runs them one at a time across pytest-xdist workers
+    (a file lock in the run's shared temp root) and yields ``need(nbytes)``, which skips the test when
+    the GPU has less free. Each such test returns its cached blocks to the GPU when done."""
+    import filelock
+
+    root = tmp_path_factory.getbasetemp().parent  # shared by every worker of this run
+    with filelock.FileLock(str(root / "kernelkit-big-gpu-memory.lock")):
+        torch.cuda.empty_cache()
+
+        def need(nbytes: int) -> None:
+            free, _ = torch.cuda.mem_get_info()
+            if free < nbytes:
+                pytest.skip(f"needs {nbytes / 2**30:.0f} GiB of free GPU memory, {free / 2**30:.0f} GiB free")
+
+        try:
+            yield need
+        finally:
+            import gc
+
+            gc.collect()
+            torch.cuda.empty_cache()

@@ -223,10 +223,8 @@ def test_gpu_builtin_cards_pass(name):
 
 @pytest.mark.gpu
 @pytest.mark.slow
-def test_gpu_large_tensor_over_2_31_elements():
-    free, _ = torch.cuda.mem_get_info()
-    if free < 40 << 30:
-        pytest.skip("needs ~40 GB of free GPU memory")
+def test_gpu_large_tensor_over_2_31_elements(big_gpu_memory):
+    big_gpu_memory(40 << 30)
     res = check(torch.add, torch.add, inputs=B.randn_args(2), shapes=[(7,)], dtypes=[torch.float16], large=True,
                 device="cuda", trials=1)
     assert res.ok, res.message()

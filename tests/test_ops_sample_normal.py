@@ -296,12 +296,10 @@ def test_cuda_matches_reference_bits(dtype, d, n):
 
 
 @pytest.mark.gpu
-def test_cuda_matches_reference_past_2_32_chunks():
+def test_cuda_matches_reference_past_2_32_chunks(big_gpu_memory):
     """d * n / 4 > 2^32: the 64-bit row division and subsequences past 32 bits (32 GiB in float16)."""
     d, n = (1 << 18) + 3, 1 << 16
-    free, _ = torch.cuda.mem_get_info()
-    if free < d * n * 2 + (4 << 30):
-        pytest.skip(f"needs {d * n * 2 / 2**30:.0f} GiB of free GPU memory")
+    big_gpu_memory(d * n * 2 + (4 << 30))
     mu = torch.linspace(-3, 3, d, device="cuda").half()
     sigma = torch.linspace(0.5, 1.5, d, device="cuda").half()
     x = ops.sample_normal(mu, sigma, n, generator=torch.Generator(device="cuda").manual_seed(11))

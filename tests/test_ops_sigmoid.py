@@ -135,8 +135,9 @@ def test_cuda_graph_capture_replay():
 
 @pytest.mark.gpu
 @pytest.mark.slow
-def test_more_than_2_31_elements():
+def test_more_than_2_31_elements(big_gpu_memory):
     n = (1 << 31) + 7
+    big_gpu_memory(3 * 2 * n)
     x = torch.randn(n, dtype=torch.bfloat16, device="cuda")
     y = ops.sigmoid(x)
     step = 1 << 28

@@ -167,8 +167,9 @@ def test_cuda_graph_capture_replay():
 
 @pytest.mark.gpu
 @pytest.mark.slow
-def test_more_than_2_31_elements():
+def test_more_than_2_31_elements(big_gpu_memory):
     n = (1 << 31) + 4099  # past int32 indexing, not a multiple of the vector width
+    big_gpu_memory(4 * 2 * n)
     a = torch.rand(n, dtype=torch.float16, device="cuda") + 0.5
     b = torch.rand(n, dtype=torch.float16, device="cuda") + 0.5
     c = ops.vector_add(a, b, alpha=2)
