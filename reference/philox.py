@@ -82,8 +82,11 @@ def normal4(seed: int, subsequence: torch.Tensor, offset: int, double: bool):
     return torch.stack([s0, c0, s1, c1], -1), torch.stack([r0, r0, r1, r1], -1)
 
 
-def sample_normal_z(d: int, n: int, seed: int, offset: int = 0, double: bool = False):
-    """The z (d, n) and radii that kernelkit's CUDA sample_normal draws for (seed, offset), in float64."""
+def sample_normal_z(d: int, n: int, seed: int, offset: int = 0, double: bool = False, rows=None):
+    """The z (d, n) and radii that kernelkit's CUDA sample_normal draws for (seed, offset), in float64;
+    only the given ``rows`` (then (len(rows), n)) when asked."""
     chunks = (n + 3) // 4
-    z, r = normal4(seed, torch.arange(d * chunks), offset, double)
-    return z.reshape(d, chunks * 4)[:, :n], r.reshape(d, chunks * 4)[:, :n]
+    rows = torch.arange(d) if rows is None else torch.as_tensor(rows, dtype=torch.int64)
+    sub = (rows[:, None] * chunks + torch.arange(chunks)[None, :]).reshape(-1)
+    z, r = normal4(seed, sub, offset, double)
+    return z.reshape(len(rows), chunks * 4)[:, :n], r.reshape(len(rows), chunks * 4)[:, :n]

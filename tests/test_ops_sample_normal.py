@@ -257,14 +257,12 @@ def test_reference_transforms_are_standard_normal(double):
 def _check_against_reference(x, mu, sigma, seed, offset, rows=None):
     """x (d, n) from the CUDA sampler == mu + sigma * z(seed, offset) of reference/philox.py, to the
     documented accuracy of the float transform (exact math for float64)."""
-    from kernelkit.reference.philox import normal4
+    from kernelkit.reference.philox import sample_normal_z
 
     d, n = x.shape
-    chunks = (n + 3) // 4
     rows = torch.arange(d) if rows is None else torch.as_tensor(rows)
-    sub = (rows[:, None] * chunks + torch.arange(chunks)[None, :]).reshape(-1)
     double = x.dtype == torch.float64
-    z, r = (t.reshape(len(rows), chunks * 4)[:, :n] for t in normal4(seed, sub, offset, double))
+    z, r = sample_normal_z(d, n, seed, offset, double, rows=rows)
     m, s = mu[rows].double().cpu()[:, None], sigma[rows].double().cpu()[:, None]
     got = (x[rows.to(x.device)].double().cpu() - m) / s
     if double:

@@ -107,13 +107,6 @@ KK_DEVICE void box_muller_polar(uint32_t x, uint32_t y, float scale, float& radi
   radius = scale * sqrt_approx(fmaxf(-1.3862944f * lg2_approx(u), 0.0f));
 }
 
-KK_DEVICE void box_muller(uint32_t x, uint32_t y, float& r0, float& r1) {
-  float r, a;
-  box_muller_polar(x, y, 1.0f, r, a);
-  r0 = r * __sinf(a);
-  r1 = r * __cosf(a);
-}
-
 // Box-Muller exactly as cuRAND's _curand_box_muller_double.
 KK_DEVICE void box_muller(uint32_t x0, uint32_t x1, uint32_t y0, uint32_t y1, double& r0, double& r1) {
   constexpr double k2Pow53Inv = 1.0 / 9007199254740992.0;
@@ -127,21 +120,8 @@ KK_DEVICE void box_muller(uint32_t x0, uint32_t x1, uint32_t y0, uint32_t y1, do
   r1 *= s;
 }
 
-// Four independent N(0, 1) draws in the accumulation type A (float or double).
-KK_DEVICE void normal4(Philox& g, float (&z)[4]) {
-  const uint4 r = g.next();
-  box_muller(r.x, r.y, z[0], z[1]);
-  box_muller(r.z, r.w, z[2], z[3]);
-}
-KK_DEVICE void normal4(Philox& g, double (&z)[4]) {
-  const uint4 a = g.next();
-  const uint4 b = g.next();
-  box_muller(a.x, a.y, a.z, a.w, z[0], z[1]);
-  box_muller(b.x, b.y, b.z, b.w, z[2], z[3]);
-}
-
-// out[k] = m + s * z[k] for the same four draws as normal4(); in float s is folded into the radius
-// (one FMA per output).
+// out[k] = m + s * z[k] for four independent N(0, 1) draws z; in float s is folded into the radius (one
+// FMA per output).
 KK_DEVICE void normal4_affine(Philox& g, float m, float s, float (&out)[4]) {
   const uint4 q = g.next();
   float r0, a0, r1, a1;
@@ -153,11 +133,17 @@ KK_DEVICE void normal4_affine(Philox& g, float m, float s, float (&out)[4]) {
   out[3] = fmaf(r1, __cosf(a1), m);
 }
 KK_DEVICE void normal4_affine(Philox& g, double m, double s, double (&out)[4]) {
+  const uint4 a = g.next();
+  const uint4 b = g.next();
   double z[4];
-  normal4(g, z);
+  box_muller(a.x, a.y, a.z, a.w, z[0], z[1]);
+  box_muller(b.x, b.y, b.z, b.w, z[2], z[3]);
 #pragma unroll
   for (int k = 0; k < 4; ++k) out[k] = m + s * z[k];
 }
+
+// The four N(0, 1) draws themselves, in the accumulation type (float or double).
+template <typename A> KK_DEVICE void normal4(Philox& g, A (&z)[4]) { normal4_affine(g, A(0), A(1), z); }
 
 #endif  // __CUDACC__
 
