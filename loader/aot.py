@@ -51,6 +51,7 @@ _UNDO_TORCH_NVCC = [f"-U{f[2:]}" for f in ("-D__CUDA_NO_HALF_OPERATORS__", "-D__
                                             "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__")]
 _GENCODE = re.compile(r"^arch=compute_\w+,code=((?:sm|compute)_\w+)$")
 _ARCH = re.compile(r"^(sm|compute)_(\d+)(\d)([a-z]?)$")
+FASTCALL = "fastcall"  # the name of kernelkit.fastcall's module among the AOT targets
 
 
 # ---------------------------------------------------------------------------------------- source key
@@ -203,13 +204,19 @@ def find_prebuilt(target) -> Optional[Path]:
 
 # ------------------------------------------------------------------------------------ building (AOT)
 def plan(ops: Optional[Sequence[str]] = None, arch=None, kernels_dir=None) -> List[Tuple[object, object]]:
-    """(card, target) for each card, planned exactly as ``kernelkit.load`` plans it."""
+    """(card, target) for each card, planned exactly as ``kernelkit.load`` plans it; all cards and the
+    fast call module (``"fastcall"``, card None) by default."""
     from .api import _plan_card
     from .cards import all_cards, find  # (the package's `cards` attribute is the all_cards function)
 
-    names = list(ops) if ops else sorted(all_cards(kernels_dir))
+    names = list(ops) if ops else sorted(all_cards(kernels_dir)) + [FASTCALL]
     out = []
     for name in names:
+        if name == FASTCALL:  # kernelkit.ops' call path: prebuilt too, so no compiler is ever needed
+            from . import fastcall
+
+            out.append((None, fastcall.target()))
+            continue
         card = find(name, kernels_dir)
         out.append((card, _plan_card(card, arch, [], [], [], [])))
     return out
@@ -252,8 +259,8 @@ def extension(target, prefix: str = ""):
     make = ce.CUDAExtension if target.with_cuda else ce.CppExtension
     ext = make(f"{prefix}{entry}.kk_{target.name}", sources, include_dirs=list(incs), extra_link_args=link,
                extra_compile_args=compile_args)
-    # a C++ program (examples/cpp) loads these without Python: keep libtorch_python out of the link
-    ext.libraries = [lib for lib in ext.libraries if lib != "torch_python"]
+    if not target.pymodule:  # a C++ program (examples/cpp) loads cards without Python: no libtorch_python
+        ext.libraries = [lib for lib in ext.libraries if lib != "torch_python"]
     ext.kernelkit_extra = [(srcs, _compile_args(kind, flags, archs))
                            for (kind, flags), srcs in groups.items() if main[kind] != flags]
     ext.kernelkit_manifest = manifest
@@ -357,7 +364,7 @@ def export_jit(out, ops=None, arch=None, kernels_dir=None) -> List[Path]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m kernelkit.aot", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("ops", nargs="*", help="card names (default: all)")
+    p.add_argument("ops", nargs="*", help="card names, and 'fastcall' for kernelkit.ops' call path (default: all)")
     p.add_argument("--out", required=True, help="prebuilt directory to write (then set KERNELKIT_PREBUILT_PATH)")
     p.add_argument("--arch", help="CUDA archs, e.g. '8.0,9.0' (default: KERNELKIT_ARCH, TORCH_CUDA_ARCH_LIST, "
                                   "the current GPU, else 9.0)")

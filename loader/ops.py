@@ -11,21 +11,26 @@ new code. The ops are real torch ops: autograd (where differentiable), ``torch.c
 """
 from __future__ import annotations
 
+import threading
 from typing import Dict, Optional, Sequence
 
 import torch
+
+from . import fastcall
 
 __all__ = ["vector_add", "elementwise_mul", "sigmoid", "sigmoid_backward", "sample_normal"]
 
 # card name -> {op name: OpOverload} of the build kernelkit.ops currently calls; a plain dict so that
 # torch.compile guards on it (a reload triggers a recompile, not a stale op).
 _CURRENT: Dict[str, Dict[str, torch._ops.OpOverload]] = {}
-# card name -> {op name: the OpOverload's C++ callable}: the eager hot path (skips OpOverload.__call__).
-# Always the loader's newest build of the card: a new build's setup() binds it (_bind), and the loader's
-# on_activate hook rebinds when it switches back to an earlier build.
+# card name -> {op name: its eager callable}: kernelkit.fastcall's (Python arguments straight to the
+# dispatcher), else the OpOverload's C++ callable. Always the loader's newest build of the card: a new
+# build's setup() binds it (_bind), and the loader's on_activate hook rebinds when it switches back to an
+# earlier build.
 _FAST: Dict[str, Dict[str, object]] = {}
 # namespace -> op names its card's setup() bound (to rebind that build without running setup again).
 _BOUND_NS: Dict[str, Sequence[str]] = {}
+_BIND_LOCK = threading.Lock()  # _bind (any thread that loads a card) vs _use_fastcall (the builder thread)
 
 
 def _bind(lib, op_names: Sequence[str]) -> None:
@@ -35,9 +40,17 @@ def _bind(lib, op_names: Sequence[str]) -> None:
     """
     ops = lib.ops
     overloads = {name: getattr(ops, name).default for name in op_names}
-    _CURRENT[lib.name] = overloads
-    _FAST[lib.name] = {name: getattr(ov, "_op", ov) for name, ov in overloads.items()}
-    _BOUND_NS[lib.ns] = tuple(op_names)
+    with _BIND_LOCK:
+        _CURRENT[lib.name] = overloads
+        _FAST[lib.name] = {name: fastcall.wrap(ov) for name, ov in overloads.items()}
+        _BOUND_NS[lib.ns] = tuple(op_names)
+
+
+def _use_fastcall() -> None:
+    """Rebind every card's ops to the fast call path (run by kernelkit.fastcall once its module loads)."""
+    with _BIND_LOCK:
+        for card, overloads in _CURRENT.items():
+            _FAST[card] = {name: fastcall.wrap(ov) for name, ov in overloads.items()}
 
 
 def _on_activate(lib) -> None:
@@ -93,6 +106,7 @@ def _register_hook() -> None:
     from . import api
 
     api.on_activate(_on_activate)
+    fastcall.on_ready(_use_fastcall)
 
 
 _register_hook()

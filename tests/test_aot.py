@@ -57,7 +57,8 @@ def env(**extra):
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """One AOT build (BuildExtension) of sigmoid and affine, from a copy of their cards."""
+    """One AOT build (BuildExtension) of sigmoid, affine and kernelkit's fast call module, from a copy of
+    the cards."""
     root = tmp_path_factory.mktemp("aot")
     cards = copy_cards(root / "cards")
     out = root / "prebuilt"
@@ -66,7 +67,8 @@ def built(tmp_path_factory):
         import sys
         from kernelkit import aot
         sys.exit(aot.main(["--out", {str(out)!r}, "--arch", {ARCH!r}, "--kernels-dir", {str(cards)!r},
-                           "--build-temp", {str(root / "build" / "temp")!r}, "sigmoid", "affine"]))
+                           "--build-temp", {str(root / "build" / "temp")!r}, "sigmoid", "affine",
+                           "fastcall"]))
     """, env=env(), timeout=1200)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return {"root": root, "cards": cards, "out": out, "seconds": time.perf_counter() - t0}
@@ -124,6 +126,18 @@ def test_aot_build_writes_entries_with_manifests(built):
         assert m["source_key"] == aot.source_key(plan(name, built["cards"]))
         assert m["sha256"] == aot.sha256_file(entry / m["so"]) and m["so"] == f"kk_{name}.so"
     print(f"AOT build of sigmoid + affine: {built['seconds']:.1f} s")
+
+
+def test_prebuilt_fastcall_is_loaded_without_a_compiler(built, tmp_path):
+    proc = run_python("""
+        import torch
+        from kernelkit import build, fastcall
+        m = fastcall.module()
+        assert m is not None, fastcall.error()
+        print("FILE", m.__file__, "COMPILES", build.STATS["compiles"])
+    """, env=env(KERNELKIT_PREBUILT_PATH=built["out"], KERNELKIT_CACHE_DIR=tmp_path / "empty-cache"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"FILE {built['out']}{os.sep}fastcall-" in proc.stdout and "COMPILES 0" in proc.stdout, proc.stdout
 
 
 AOT_RUN = """

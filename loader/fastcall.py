@@ -1,0 +1,109 @@
+"""The eager fast path of ``kernelkit.ops``: one small C++ module (``csrc/kernelkit/fastcall.cpp``) that
+calls a torch op through the dispatcher without torch.ops' generic Python argument matching.
+
+It is built once per torch/Python/compiler into the kernelkit cache, like a card, in a background thread
+started by the first op that asks for it; until it is loaded the ops use their torch.ops callables and
+are then rebound (``on_ready``). Anything it cannot do falls back to the op's torch.ops callable: a failed
+build (no compiler, no Python headers), an op whose schema has argument types it does not convert, or a
+call it does not handle (tensor subclasses, modes, tracing). ``KERNELKIT_FASTCALL=0`` turns it off.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import threading
+from typing import Callable, List, Optional
+
+import torch
+
+from . import build as _build
+from . import toolchain
+
+log = logging.getLogger("kernelkit")
+
+MODULE_NAME = "_kernelkit_fastcall"
+SOURCE = toolchain.CSRC / "kernelkit" / "fastcall.cpp"
+
+_LOCK = threading.Lock()  # building/loading the module
+_START = threading.Lock()  # starting the background thread that does it
+_STATE = {"module": None, "tried": False, "error": None, "thread": None}
+_ON_READY: List[Callable[[], None]] = []
+
+
+def enabled() -> bool:
+    """``KERNELKIT_FASTCALL`` is not ``0`` (read whenever an op is wrapped)."""
+    return os.environ.get("KERNELKIT_FASTCALL", "1") != "0"
+
+
+def target() -> _build.Target:
+    text = SOURCE.read_text()
+    unit = _build.plan_unit("cpp", SOURCE, text, [toolchain.CSRC], [], [], "kernelkit/fastcall.cpp", optimize="-O2")
+    ldflags = _build.link_flags(False, True, [])
+    return _build.Target("fastcall", [unit], ldflags, _build.target_key("fastcall", [unit], ldflags), False,
+                         MODULE_NAME, {str(SOURCE): "kernelkit/fastcall.cpp"},
+                         {"kernelkit/fastcall.cpp": text.splitlines()})
+
+
+def module():
+    """Build (once per torch/Python/compiler, into the cache) or load the module and return it; None when
+    disabled or when that failed (the reason is in ``error()``). Blocks until done."""
+    if not enabled():
+        return None
+    if _STATE["tried"]:
+        return _STATE["module"]
+    with _LOCK:
+        if not _STATE["tried"]:
+            try:
+                from . import aot
+
+                t = target()
+                so = aot.find_prebuilt(t) or _build.build(t)[0]
+                spec = importlib.util.spec_from_file_location(MODULE_NAME, so)
+                mod = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(mod)
+                _STATE["module"] = mod
+            except Exception as e:  # noqa: BLE001 - an optimisation: any failure means the torch.ops path
+                _STATE["error"] = f"{type(e).__name__}: {e}"
+                log.warning("kernelkit: the fast op call path is unavailable, kernelkit.ops calls go through "
+                            "torch.ops (%s)", _STATE["error"].splitlines()[0])
+            _STATE["tried"] = True
+            if _STATE["module"] is not None:
+                for callback in list(_ON_READY):  # before the lock is released: module() returning means done
+                    try:
+                        callback()
+                    except Exception:  # noqa: BLE001 - a failing subscriber must not hide the module
+                        log.exception("kernelkit: a fast call path subscriber failed")
+    return _STATE["module"]
+
+
+def prepare() -> None:
+    """Start module() in a background thread, unless it is done or running."""
+    if _STATE["tried"] or not enabled():
+        return
+    with _START:
+        if _STATE["thread"] is None:
+            _STATE["thread"] = threading.Thread(target=module, name="kernelkit-fastcall", daemon=True)
+            _STATE["thread"].start()
+
+
+def on_ready(callback: Callable[[], None]) -> None:
+    """Call ``callback()`` once the module is loaded (kernelkit.ops then rebinds its ops to it)."""
+    _ON_READY.append(callback)
+
+
+def error() -> Optional[str]:
+    return _STATE["error"]
+
+
+def wrap(overload: torch._ops.OpOverload):
+    """A callable with the op's calling convention: the fast one when the module is loaded, else torch.ops'
+    (and the module's build or load starts in the background). Never blocks."""
+    slow = getattr(overload, "_op", overload)
+    mod = _STATE["module"] if enabled() else None
+    if mod is None:
+        prepare()
+        return slow
+    schema = overload._schema
+    fast = mod.make(schema.name, schema.overload_name, slow)
+    return slow if fast is None else fast
