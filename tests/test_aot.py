@@ -280,6 +280,7 @@ def test_opt_in_wheel_contains_prebuilt_libraries(built, tmp_path):
     import zipfile
 
     names = zipfile.ZipFile(whl).namelist()
+    assert {"kernelkit/csrc/kernelkit/binding.h", "kernelkit/csrc/kernelkit/fastcall.cpp"} <= set(names)
     libs = [n for n in names if n.startswith("kernelkit/prebuilt/affine-") and n.endswith("kk_affine.so")]
     assert len(libs) == 1 and libs[0].replace("kk_affine.so", "manifest.json") in names, names
     manifest = json.loads(zipfile.ZipFile(whl).read(libs[0].replace("kk_affine.so", "manifest.json")))
