@@ -3,7 +3,7 @@ BuildExtension, their use by ``kernelkit.load`` (and the JIT fallback when stale
 opt-in wheel build and the C++ (libtorch, CMake) consumer.
 
 CI cost (2 cores): one AOT build of two cards (sigmoid: CUDA compile + link for one arch; affine: a CPU
-card) shared by every test here, ~1.5 min; the slow tests add a CMake build (~1 min) and a wheel build that
+card) and kernelkit.ops' fast call module, shared by every test here, ~2 min; the slow tests add a CMake build (~1 min) and a wheel build that
 reuses the AOT objects. The full wheel of every built-in card is left to benchmarks/aot_latency.py.
 """
 import json
