@@ -215,6 +215,7 @@ def test_torch_function_mode_sees_call(probe_lib):
     assert probe_lib.ops.probe.default in seen
 
 
+@pytest.mark.cuda_build  # the built-in cards have device code (their CPU ops still need it to build)
 def test_dispatch_modes_and_autograd_apply():
     """Past the argument conversion it is the dispatcher's path: FakeTensorMode, make_fx and autograd
     (kernelkit.ops.elementwise_mul's is registered from Python) see the call."""
@@ -235,6 +236,7 @@ def test_dispatch_modes_and_autograd_apply():
     assert "sigmoid" in gm.code
 
 
+@pytest.mark.cuda_build
 def test_ops_start_on_torch_ops_and_switch_when_the_module_is_loaded(monkeypatch):
     """Binding never waits for the module: kernelkit.ops uses the torch.ops callable while the module is
     built or loaded in the background, and is rebound to the fast path once it is (on_ready)."""
