@@ -19,6 +19,7 @@ import torch
 
 from . import build as _build
 from . import toolchain
+from .api import _make_target
 
 log = logging.getLogger("kernelkit")
 
@@ -39,10 +40,7 @@ def enabled() -> bool:
 def target() -> _build.Target:
     text = SOURCE.read_text()
     unit = _build.plan_unit("cpp", SOURCE, text, [toolchain.CSRC], [], [], "kernelkit/fastcall.cpp", optimize="-O2")
-    ldflags = _build.link_flags(False, True, [])
-    return _build.Target("fastcall", [unit], ldflags, _build.target_key("fastcall", [unit], ldflags), False,
-                         MODULE_NAME, {str(SOURCE): "kernelkit/fastcall.cpp"},
-                         {"kernelkit/fastcall.cpp": text.splitlines()})
+    return _make_target("fastcall", [unit], False, MODULE_NAME, [], {"kernelkit/fastcall.cpp": text.splitlines()})
 
 
 def module():
