@@ -13,10 +13,15 @@
 
 namespace kk {
 
-// The sampler is bound by Philox's 20 dependent multiplies per chunk, not by memory: it needs several
-// independent chunks per thread in flight (ILP) and two waves of blocks. Measured on an H200 at
-// d = 100000, n = 1024 (README): 1 chunk/thread 150 us, 2 chunks 124 us, 4 chunks 119 us.
-constexpr int kSnBlock = 256, kSnUnroll = 4, kSnMinBlocks = 4, kSnWaves = 2;
+// Philox costs 20 dependent multiplies per chunk, so each thread keeps several independent chunks in
+// flight (ILP). The grid depends on what binds, measured at d = 100000, n = 1024 (README):
+//  - where DRAM outruns the SMs (an H200 writes ~19 bytes per SM cycle) the arithmetic binds: a
+//    persistent grid-stride loop over 4 waves avoids block turnover (114 us; one block per tile 121-126 us);
+//  - elsewhere (an H100: ~13 bytes per SM cycle) the stores bind: one block per tile keeps the write front
+//    compact (133 us; two persistent waves 147 us; a plain store of the same bytes 128 us).
+constexpr int kSnBlock = 256, kSnUnroll = 4, kSnMinBlocks = 4, kSnWaves = 4;
+constexpr double kSnArithmeticBoundAbove = 16.0;  // DRAM bytes per SM cycle, between the two measured devices
+constexpr int64_t kSnTile = int64_t{kSnBlock} * kSnUnroll, kSnMaxGrid = 0x7fffffff;
 
 // Row of flat chunk k: k / chunks by multiply-high and shift (Granlund-Montgomery, as PyTorch's
 // IntDivider) for k < 2^31, plain 64-bit division beyond.
@@ -88,9 +93,10 @@ __global__ void sample_normal_rows(const T* mu, const T* sigma, T* out, int64_t 
 
 template <typename T, typename I, typename RowOf>
 void launch_flat(const T* mu, const T* sigma, T* out, I total, RowOf row_of, PhiloxArgs rng, cudaStream_t stream) {
-  const int64_t tiles = (static_cast<int64_t>(total) + kSnBlock * kSnUnroll - 1) / (kSnBlock * kSnUnroll);
-  const int64_t cap = static_cast<int64_t>(sm_count()) * kSnMinBlocks * kSnWaves;
-  sample_normal_flat<T, I, RowOf><<<static_cast<unsigned>(std::min(tiles, cap)), kSnBlock, 0, stream>>>(
+  int64_t grid = (static_cast<int64_t>(total) + kSnTile - 1) / kSnTile;  // one block per tile
+  if (dram_bytes_per_sm_cycle() > kSnArithmeticBoundAbove)
+    grid = std::min<int64_t>(grid, static_cast<int64_t>(sm_count()) * kSnMinBlocks * kSnWaves);
+  sample_normal_flat<T, I, RowOf><<<static_cast<unsigned>(std::min(grid, kSnMaxGrid)), kSnBlock, 0, stream>>>(
       mu, sigma, reinterpret_cast<Vec<T, 4>*>(out), total, row_of, rng);
 }
 

@@ -294,6 +294,19 @@ def test_cuda_matches_reference_bits(dtype, d, n):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64), ids=str)
+def test_cuda_matches_reference_bits_many_blocks(dtype):
+    """A sweep-sized draw (5.12M chunks): many tiles per launch, and several grid-stride passes where the
+    launch is persistent (DRAM-rich GPUs such as the H200 run 4 waves of 2112 blocks x 1024 chunks)."""
+    d, n = 20000, 1024
+    mu = torch.linspace(-2, 2, d, dtype=dtype, device="cuda")
+    sigma = torch.linspace(0.5, 1.5, d, dtype=dtype, device="cuda")
+    x = ops.sample_normal(mu, sigma, n, generator=torch.Generator(device="cuda").manual_seed(7))
+    rows = [0, 1, 8447, 8448, 8449, 12345, 16896, 16897, d - 1]  # pass and block boundaries at 2112 x 4 rows
+    _check_against_reference(x, mu, sigma, 7, 0, rows=rows)
+
+
+@pytest.mark.gpu
 def test_cuda_matches_reference_past_2_32_chunks(big_gpu_memory):
     """d * n / 4 > 2^32: the 64-bit row division and subsequences past 32 bits (32 GiB in float16)."""
     d, n = (1 << 18) + 3, 1 << 16

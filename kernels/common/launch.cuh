@@ -24,6 +24,26 @@ inline int sm_count() {
   return n;
 }
 
+// Peak DRAM bytes the current device moves per SM clock cycle (memory clock x 2 for DDR x bus width,
+// over SMs x SM clock), cached per device: how far memory outruns arithmetic, for kernels whose best
+// launch shape depends on which of the two binds (H100 SXM ~12.8, H200 ~18.8). 0 if a query fails.
+inline double dram_bytes_per_sm_cycle() {
+  static std::atomic<double> cache[kMaxDevices] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 0.0;
+  double r = cache[dev].load(std::memory_order_relaxed);
+  if (r == 0.0) {
+    int mem_khz = 0, bus_bits = 0, sm_khz = 0;
+    if (cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sm_khz, cudaDevAttrClockRate, dev) != cudaSuccess || sm_khz <= 0)
+      return 0.0;
+    r = 2.0 * mem_khz * (bus_bits / 8.0) / (static_cast<double>(sm_count()) * sm_khz);
+    cache[dev].store(r, std::memory_order_relaxed);
+  }
+  return r;
+}
+
 // Blocks for `work` independent items with `block` threads each handling one item per grid-stride
 // step: enough blocks to cover the work, capped at `waves` full waves of the device (the grid-stride
 // loop covers the rest, so any int64 size is handled). At least 1.
