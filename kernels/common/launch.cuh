@@ -10,38 +10,43 @@ namespace kk {
 constexpr int kBlockSize = 256;
 constexpr int kMaxDevices = 64;
 
-// Streaming multiprocessors of the current device, cached per device (cudaDeviceGetAttribute is not
-// free on a hot path). Falls back to a conservative 132 if the query fails.
+// A per-device property of the current device, computed once by `query(dev)` (a positive value, or 0
+// when the CUDA query fails: the fallback is returned and nothing is cached) and kept in `cache`, one slot
+// per device (device attribute queries are not free on a hot path).
+template <typename V, typename Query>
+V per_device(std::atomic<V> (&cache)[kMaxDevices], V fallback, Query query) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return fallback;
+  V v = cache[dev].load(std::memory_order_relaxed);
+  if (v > V(0)) return v;
+  v = query(dev);
+  if (!(v > V(0))) return fallback;
+  cache[dev].store(v, std::memory_order_relaxed);
+  return v;
+}
+
+// Streaming multiprocessors of the current device; a conservative 132 if the query fails.
 inline int sm_count() {
   static std::atomic<int> cache[kMaxDevices] = {};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 132;
-  int n = cache[dev].load(std::memory_order_relaxed);
-  if (n == 0) {
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 132;
-    cache[dev].store(n, std::memory_order_relaxed);
-  }
-  return n;
+  return per_device(cache, 132, [](int dev) {
+    int n = 0;
+    return cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess ? n : 0;
+  });
 }
 
 // Peak DRAM bytes the current device moves per SM clock cycle (memory clock x 2 for DDR x bus width,
-// over SMs x SM clock), cached per device: how far memory outruns arithmetic, for kernels whose best
-// launch shape depends on which of the two binds (H100 SXM ~12.8, H200 ~18.8). 0 if a query fails.
+// over SMs x SM clock): how far memory outruns arithmetic, for kernels whose best launch shape depends
+// on which of the two binds (H100 SXM ~12.8, H200 ~18.4). 0 if a query fails.
 inline double dram_bytes_per_sm_cycle() {
   static std::atomic<double> cache[kMaxDevices] = {};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 0.0;
-  double r = cache[dev].load(std::memory_order_relaxed);
-  if (r == 0.0) {
+  return per_device(cache, 0.0, [](int dev) {
     int mem_khz = 0, bus_bits = 0, sm_khz = 0;
     if (cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sm_khz, cudaDevAttrClockRate, dev) != cudaSuccess || sm_khz <= 0)
       return 0.0;
-    r = 2.0 * mem_khz * (bus_bits / 8.0) / (static_cast<double>(sm_count()) * sm_khz);
-    cache[dev].store(r, std::memory_order_relaxed);
-  }
-  return r;
+    return 2.0 * mem_khz * (bus_bits / 8.0) / (static_cast<double>(sm_count()) * sm_khz);
+  });
 }
 
 // Blocks for `work` independent items with `block` threads each handling one item per grid-stride
@@ -58,14 +63,10 @@ inline unsigned grid_for(int64_t work, int block = kBlockSize, int waves = 1) {
 // Blocks of `block` threads of `kernel` resident on one SM (occupancy API), cached per device in `cache`
 // (give each kernel its own cache, e.g. a function-local static in the launcher template). At least 1.
 inline int resident_blocks_per_sm(const void* kernel, int block, std::atomic<int> (&cache)[kMaxDevices]) {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 1;
-  int n = cache[dev].load(std::memory_order_relaxed);
-  if (n == 0) {
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block, 0) != cudaSuccess || n <= 0) n = 1;
-    cache[dev].store(n, std::memory_order_relaxed);
-  }
-  return n;
+  return per_device(cache, 1, [&](int) {
+    int n = 0;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block, 0) == cudaSuccess ? n : 0;
+  });
 }
 
 #if defined(__CUDACC__)
