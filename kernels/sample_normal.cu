@@ -20,8 +20,7 @@ namespace kk {
 //  - elsewhere (an H100: ~13 bytes per SM cycle) the stores bind: one block per tile keeps the write front
 //    compact (133 us; two persistent waves 147 us; a plain store of the same bytes 128 us).
 constexpr int kSnBlock = 256, kSnUnroll = 4, kSnMinBlocks = 4, kSnWaves = 4;
-constexpr double kSnArithmeticBoundAbove = 16.0;  // DRAM bytes per SM cycle, between the two measured devices
-constexpr int64_t kSnTile = int64_t{kSnBlock} * kSnUnroll, kSnMaxGrid = 0x7fffffff;
+constexpr int64_t kSnTile = int64_t{kSnBlock} * kSnUnroll;
 
 // Row of flat chunk k: k / chunks by multiply-high and shift (Granlund-Montgomery, as PyTorch's
 // IntDivider) for k < 2^31, plain 64-bit division beyond.
@@ -93,10 +92,9 @@ __global__ void sample_normal_rows(const T* mu, const T* sigma, T* out, int64_t 
 
 template <typename T, typename I, typename RowOf>
 void launch_flat(const T* mu, const T* sigma, T* out, I total, RowOf row_of, PhiloxArgs rng, cudaStream_t stream) {
-  int64_t grid = (static_cast<int64_t>(total) + kSnTile - 1) / kSnTile;  // one block per tile
-  if (dram_bytes_per_sm_cycle() > kSnArithmeticBoundAbove)
-    grid = std::min<int64_t>(grid, static_cast<int64_t>(sm_count()) * kSnMinBlocks * kSnWaves);
-  sample_normal_flat<T, I, RowOf><<<static_cast<unsigned>(std::min(grid, kSnMaxGrid)), kSnBlock, 0, stream>>>(
+  unsigned grid = tile_grid(static_cast<int64_t>(total), kSnTile);
+  if (dram_outruns_sms()) grid = std::min<unsigned>(grid, sm_count() * kSnMinBlocks * kSnWaves);
+  sample_normal_flat<T, I, RowOf><<<grid, kSnBlock, 0, stream>>>(
       mu, sigma, reinterpret_cast<Vec<T, 4>*>(out), total, row_of, rng);
 }
 

@@ -9,7 +9,6 @@ call it does not handle (tensor subclasses, modes, tracing). ``KERNELKIT_FASTCAL
 """
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import threading
@@ -20,6 +19,7 @@ import torch
 from . import build as _build
 from . import toolchain
 from .api import _make_target
+from .library import import_extension
 
 log = logging.getLogger("kernelkit")
 
@@ -57,10 +57,7 @@ def module():
 
                 t = target()
                 so = aot.find_prebuilt(t) or _build.build(t)[0]
-                spec = importlib.util.spec_from_file_location(MODULE_NAME, so)
-                mod = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(mod)
-                _STATE["module"] = mod
+                _STATE["module"] = import_extension(MODULE_NAME, so)
             except Exception as e:  # noqa: BLE001 - an optimisation: any failure means the torch.ops path
                 _STATE["error"] = f"{type(e).__name__}: {e}"
                 log.warning("kernelkit: the fast op call path is unavailable, kernelkit.ops calls go through "

@@ -17,6 +17,14 @@ def namespace_for(name: str, key: str) -> str:
     return f"kk_{re.sub(r'[^0-9A-Za-z_]', '_', name)}_{key[:12]}"
 
 
+def import_extension(name: str, path) -> Any:
+    """Import the Python extension module `name` from the shared object at `path` (not via sys.path)."""
+    spec = importlib.util.spec_from_file_location(name, str(path))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 class Library:
     """What ``kernelkit.load`` and ``load_inline`` return.
 
@@ -37,10 +45,7 @@ class Library:
         self._handle = ctypes.CDLL(str(self.path))
         self._pymodule = None
         if pymodule:
-            spec = importlib.util.spec_from_file_location(pymodule, self.path)
-            mod = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(mod)
-            self._pymodule = mod
+            self._pymodule = import_extension(pymodule, self.path)
         if hasattr(self._handle, "kernelkit_register"):
             self.ns = namespace_for(name, key)
             register = self._handle.kernelkit_register

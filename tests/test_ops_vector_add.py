@@ -47,6 +47,24 @@ def test_broadcast_noncontiguous_misaligned(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_every_alignment_and_tail(device, dtype):
+    """Each pointer offset within a 16-byte vector (16-, 8-byte and scalar accesses on the GPU) and sizes
+    around the vector and tile widths: every element right, nothing written outside `out`."""
+    g = torch.Generator().manual_seed(1)
+    per_vec = 16 // torch.empty((), dtype=dtype).element_size()
+    for n in (1, per_vec + 3, 4 * 1024 + 5, 3 * 512 * 8 + 7):
+        for off in range(per_vec):
+            a = torch.randn(n + off, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)[off:]
+            b = torch.randn(n + off, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)[off:]
+            buf = torch.full((n + per_vec + 2,), float("nan"), dtype=dtype, device=device)
+            out = buf[off + 1:off + 1 + n]
+            ops.vector_add(a, b, alpha=0.5, out=out)
+            assert_close(out, ref(a, b, 0.5), spec())
+            assert buf[:off + 1].isnan().all() and buf[off + 1 + n:].isnan().all(), (n, off)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_empty_and_inplace(device):
     for shape in ((0,), (3, 0), (0, 5, 2)):
         a, b = torch.randn(shape, device=device), torch.randn(shape, device=device)

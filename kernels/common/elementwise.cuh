@@ -1,11 +1,17 @@
 // Generic elementwise kernel: out[i] = f(in0[i], in1[i], ...) over n contiguous elements.
 //
 // The functor takes and returns the accumulation type (float for half/bfloat16/float, double for
-// double). Each block owns one tile of kEwUnroll * kEwBlock accesses (16-byte vectors when every pointer
-// is 16-byte aligned, single elements otherwise): all of a thread's loads are issued before its first
-// store, and the grid covers the tensor once. This is the shape of PyTorch's own vectorized elementwise
-// launch; measured on an H200 it streams 2^28 float adds ~5% faster than a one-wave grid-stride loop
-// (738 vs 779-792 us, benchmarks in README). Tiles are 64-bit indexed and the block loop strides by
+// double). Each block owns one tile of `unroll` x blockDim accesses: all of a thread's loads are issued
+// before its first store, and the grid covers the tensor once (PyTorch's launch shape; on an H200 a
+// one-wave grid-stride loop streams a 2^28 float add ~5% slower, 779-792 vs 738 us). The access shape
+// depends on what binds (common/launch.cuh, dram_outruns_sms; measured side by side, README):
+//  - where DRAM outruns the SMs (H200): 16-byte accesses, 2 per thread, 128-thread blocks, the fewest
+//    instructions per byte (8-byte accesses are 1-2% slower there);
+//  - elsewhere (H100): one access per thread, 256-thread blocks, 512 once an operand reaches 1 GiB, of
+//    8 bytes per input (16 for a single input: a thread keeps 16 bytes of loads in flight; 8 cost sigmoid
+//    6%). Fewer bytes in flight per thread than the 16-byte x 2 shape, and 1-1.6% faster (2^28 float
+//    add: 1041 vs 1058 us); torch.compile's autotuner compiles this shape there too.
+// Unaligned pointers take single-element accesses. Tiles are 64-bit indexed and the block loop strides by
 // the grid, so any int64 size is covered even past the 2^31 - 1 block limit. `out` may alias an input
 // exactly (each element is read before it is written by the same thread); partial overlap is not
 // allowed.
@@ -15,14 +21,13 @@
 #include <cuda_runtime.h>
 
 #include "common/dtype.cuh"
+#include "common/launch.cuh"
 #include "common/vec.cuh"
 
 namespace kk {
 
-constexpr int kEwBlock = 128;  // threads per block
-constexpr int kEwUnroll = 2;   // accesses per thread per tile: 1, 2, 4 tie at 2^28; 2 is 5-10% faster than 1 at 2^20-2^24
-constexpr int64_t kEwTile = static_cast<int64_t>(kEwBlock) * kEwUnroll;
-constexpr int64_t kMaxGrid = 0x7fffffff;  // gridDim.x limit
+constexpr int kEwMaxBlock = 512;                     // the widest block launched below
+constexpr int64_t kEwLargeOperand = int64_t{1} << 30;  // bytes per operand from which the 8-byte shape takes 512 threads
 
 template <typename T, int NIn> struct InPtrs {
   const T* p[NIn];
@@ -36,27 +41,28 @@ __device__ __forceinline__ A apply_acc(const F& f, const A (&x)[NIn]) {
   else return f(x[0], x[1], x[2]);
 }
 
-// W elements per access (vec_width<T>() when aligned, else 1). Accesses [0, n / W) go through tiles;
-// the last n % W elements (only when W > 1) are done one by one by block 0.
-template <typename T, int W, int NIn, typename F>
-__global__ void __launch_bounds__(kEwBlock) elementwise_kernel(T* out, InPtrs<T, NIn> in, int64_t n, F f) {
+// W elements per access, U accesses per thread per tile, blockDim.x threads. Accesses [0, n / W) go
+// through tiles; the last n % W elements (only when W > 1) are done one by one by block 0.
+template <typename T, int W, int U, int NIn, typename F>
+__global__ void __launch_bounds__(kEwMaxBlock) elementwise_kernel(T* out, InPtrs<T, NIn> in, int64_t n, F f) {
   using A = acc_t<T>;
   using VecT = Vec<T, W>;
   const int64_t nacc = n / W;
-  for (int64_t tile = blockIdx.x; tile * kEwTile < nacc; tile += gridDim.x) {
-    const int64_t base = tile * kEwTile + threadIdx.x;
-    VecT x[kEwUnroll][NIn];
+  const int64_t block = blockDim.x, tile_size = block * U;
+  for (int64_t tile = blockIdx.x; tile * tile_size < nacc; tile += gridDim.x) {
+    const int64_t base = tile * tile_size + threadIdx.x;
+    VecT x[U][NIn];
 #pragma unroll
-    for (int u = 0; u < kEwUnroll; ++u) {
-      const int64_t i = base + u * kEwBlock;
+    for (int u = 0; u < U; ++u) {
+      const int64_t i = base + u * block;
       if (i < nacc) {
 #pragma unroll
         for (int k = 0; k < NIn; ++k) x[u][k] = reinterpret_cast<const VecT*>(in.p[k])[i];
       }
     }
 #pragma unroll
-    for (int u = 0; u < kEwUnroll; ++u) {
-      const int64_t i = base + u * kEwBlock;
+    for (int u = 0; u < U; ++u) {
+      const int64_t i = base + u * block;
       if (i < nacc) {
         VecT y;
 #pragma unroll
@@ -81,23 +87,29 @@ __global__ void __launch_bounds__(kEwBlock) elementwise_kernel(T* out, InPtrs<T,
   }
 }
 
-template <typename T, int W, int NIn, typename F>
-cudaError_t launch_elementwise_w(T* out, InPtrs<T, NIn> in, int64_t n, F f, cudaStream_t stream) {
-  const int64_t tiles = (n / W + kEwTile - 1) / kEwTile;
-  const int64_t grid = tiles < 1 ? 1 : (tiles < kMaxGrid ? tiles : kMaxGrid);
-  elementwise_kernel<T, W, NIn, F><<<static_cast<unsigned>(grid), kEwBlock, 0, stream>>>(out, in, n, f);
+template <typename T, int W, int U, int NIn, typename F>
+cudaError_t launch_elementwise_w(T* out, InPtrs<T, NIn> in, int64_t n, F f, int block, cudaStream_t stream) {
+  static_assert(W <= 128, "the scalar tail is done by one block");
+  elementwise_kernel<T, W, U, NIn, F><<<tile_grid(n / W, int64_t{block} * U), block, 0, stream>>>(out, in, n, f);
   return cudaGetLastError();
 }
+
+// Elements of T in one `bytes`-wide access (at least 1).
+template <typename T, int bytes> constexpr int width() { return bytes > int(sizeof(T)) ? bytes / int(sizeof(T)) : 1; }
 
 // Launch on `stream`; returns cudaGetLastError() (cudaSuccess for n == 0, nothing launched).
 template <typename T, int NIn, typename F>
 cudaError_t launch_elementwise(T* out, InPtrs<T, NIn> in, int64_t n, F f, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  static_assert(vec_width<T>() <= kEwBlock, "the scalar tail is done by one block");
-  bool aligned = is_aligned(out);
-  for (int k = 0; k < NIn; ++k) aligned = aligned && is_aligned(in.p[k]);
-  if (aligned) return launch_elementwise_w<T, vec_width<T>(), NIn>(out, in, n, f, stream);
-  return launch_elementwise_w<T, 1, NIn>(out, in, n, f, stream);
+  const bool wide = dram_outruns_sms();
+  constexpr int kNarrowBytes = NIn == 1 ? 16 : 8;  // >= 16 bytes of loads in flight per thread
+  const int bytes = wide ? 16 : kNarrowBytes;
+  bool aligned = is_aligned(out, bytes);
+  for (int k = 0; k < NIn; ++k) aligned = aligned && is_aligned(in.p[k], bytes);
+  const int block = n * static_cast<int64_t>(sizeof(T)) >= kEwLargeOperand ? 512 : 256;  // 1 access per thread
+  if (!aligned) return launch_elementwise_w<T, 1, 1, NIn>(out, in, n, f, block, stream);
+  if (wide) return launch_elementwise_w<T, width<T, 16>(), 2, NIn>(out, in, n, f, 128, stream);
+  return launch_elementwise_w<T, width<T, kNarrowBytes>(), 1, NIn>(out, in, n, f, block, stream);
 }
 
 }  // namespace kk

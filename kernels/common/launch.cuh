@@ -49,6 +49,21 @@ inline double dram_bytes_per_sm_cycle() {
   });
 }
 
+// Where DRAM outruns the SMs (an H200: ~18.4 bytes per SM cycle) streaming kernels want the fewest
+// instructions per byte; where it does not (an H100: ~12.8) other launch shapes win (measured:
+// common/elementwise.cuh, sample_normal.cu). 16 lies between the two measured devices.
+constexpr double kDramOutrunsSmsAbove = 16.0;
+inline bool dram_outruns_sms() { return dram_bytes_per_sm_cycle() > kDramOutrunsSmsAbove; }
+
+constexpr int64_t kMaxGrid = 0x7fffffff;  // gridDim.x limit
+
+// One block per tile of `tile` items, for `work` items: at least 1, capped at the grid limit (a kernel
+// that strides its tile loop by gridDim.x then covers any int64 size).
+inline unsigned tile_grid(int64_t work, int64_t tile) {
+  const int64_t tiles = (work + tile - 1) / tile;
+  return static_cast<unsigned>(tiles < 1 ? 1 : (tiles < kMaxGrid ? tiles : kMaxGrid));
+}
+
 // Blocks for `work` independent items with `block` threads each handling one item per grid-stride
 // step: enough blocks to cover the work, capped at `waves` full waves of the device (the grid-stride
 // loop covers the rest, so any int64 size is handled). At least 1.
