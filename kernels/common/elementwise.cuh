@@ -94,22 +94,19 @@ cudaError_t launch_elementwise_w(T* out, InPtrs<T, NIn> in, int64_t n, F f, int 
   return cudaGetLastError();
 }
 
-// Elements of T in one `bytes`-wide access (at least 1).
-template <typename T, int bytes> constexpr int width() { return bytes > int(sizeof(T)) ? bytes / int(sizeof(T)) : 1; }
-
 // Launch on `stream`; returns cudaGetLastError() (cudaSuccess for n == 0, nothing launched).
 template <typename T, int NIn, typename F>
 cudaError_t launch_elementwise(T* out, InPtrs<T, NIn> in, int64_t n, F f, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   const bool wide = dram_outruns_sms();
-  constexpr int kNarrowBytes = NIn == 1 ? 16 : 8;  // >= 16 bytes of loads in flight per thread
-  const int bytes = wide ? 16 : kNarrowBytes;
+  constexpr int kNarrowBytes = NIn == 1 ? kVecBytes : 8;  // >= 16 bytes of loads in flight per thread
+  const int bytes = wide ? kVecBytes : kNarrowBytes;
   bool aligned = is_aligned(out, bytes);
   for (int k = 0; k < NIn; ++k) aligned = aligned && is_aligned(in.p[k], bytes);
   const int block = n * static_cast<int64_t>(sizeof(T)) >= kEwLargeOperand ? 512 : 256;  // 1 access per thread
   if (!aligned) return launch_elementwise_w<T, 1, 1, NIn>(out, in, n, f, block, stream);
-  if (wide) return launch_elementwise_w<T, width<T, 16>(), 2, NIn>(out, in, n, f, 128, stream);
-  return launch_elementwise_w<T, width<T, kNarrowBytes>(), 1, NIn>(out, in, n, f, block, stream);
+  if (wide) return launch_elementwise_w<T, vec_width<T>(), 2, NIn>(out, in, n, f, 128, stream);
+  return launch_elementwise_w<T, vec_width<T, kNarrowBytes>(), 1, NIn>(out, in, n, f, block, stream);
 }
 
 }  // namespace kk

@@ -7,8 +7,10 @@ namespace kk {
 
 constexpr int kVecBytes = 16;
 
-// Elements of T in one 16-byte access (float: 4, double: 2, half/bfloat16: 8).
-template <typename T> constexpr int vec_width() { return kVecBytes / static_cast<int>(sizeof(T)); }
+// Elements of T in one `Bytes`-wide access, at least 1 (16 bytes: float 4, double 2, half/bfloat16 8).
+template <typename T, int Bytes = kVecBytes> constexpr int vec_width() {
+  return Bytes > static_cast<int>(sizeof(T)) ? Bytes / static_cast<int>(sizeof(T)) : 1;
+}
 
 template <typename T, int N> struct alignas(sizeof(T) * N) Vec {
   T v[N];
