@@ -50,6 +50,22 @@ template <typename A> struct DdpmStepMath {
   }
 };
 
+// The step as an elementwise functor of (eps, x, z) for common/elementwise.cuh: the coefficient row of
+// the timestep read on the device is read once per thread.
+template <typename A> struct DdpmStepOp {
+  const int64_t* timestep;
+  const float* coeffs;
+  int64_t num_t;
+  double clip;
+#ifdef __CUDACC__
+  __device__ DdpmStepMath<A> prepare() const {
+    const int64_t t = *timestep;
+    const bool valid = t >= 0 && t < num_t;
+    return DdpmStepMath<A>::from_row(coeffs + (valid ? t : 0) * kDdpmCols, valid, t, clip);
+  }
+#endif
+};
+
 // out[i] = step(eps[i], x[i], z[i]) for i < n; z = noise[i] when noise != nullptr, else Philox normals
 // from `rng` (4 draws per subsequence for float/half/bfloat16, 8 for double). timestep: 1 device int64;
 // coeffs: (num_t, kDdpmCols) float32 row-major. out may alias x or eps exactly.

@@ -2,6 +2,11 @@
 
 GPU timing follows triton.testing.do_bench: CUDA events around each call, a 256 MB write between calls to
 flush L2, warm-up, and a repeat count chosen to fill a time budget; median and p20/p80 are reported.
+The contenders are timed side by side: one call of each in turn, so a slow spell, or a device state
+that lasts a few milliseconds (small kernels' times jump by ~0.5 us between such states), lands on all
+of them alike rather than on whichever was timed then. A contender whose host code outlasts the flush
+(torch.compile on a slow host CPU) gets a GPU spin queued ahead of each timed call, so its device time
+is not inflated by its launch time; host time is reported apart.
 Optional CUDA-graph mode replays a captured call (no launch overhead). Host overhead (wall time per call
 on a tiny input, no sync) is measured separately against torch.add's. The floor is bytes moved / the
 device's bandwidth, measured once with a large device-to-device copy and cached. On a CPU the same
@@ -69,74 +74,220 @@ def _graphed(fn: Callable[[], Any], device: torch.device) -> Callable[[], Any]:
     return graph.replay
 
 
+_SPIN_CYCLES_PER_US: Dict[torch.device, float] = {}
+_FLUSH_US: Dict[torch.device, float] = {}
+
+
+def _event_us(fn: Callable[[], Any]) -> float:
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    fn()
+    e.record()
+    torch.cuda.synchronize()
+    return s.elapsed_time(e) * 1e3
+
+
+def _spin_cycles_per_us(device: torch.device) -> float:
+    """Clock cycles per microsecond of torch.cuda._sleep's spin, measured once per device."""
+    if device not in _SPIN_CYCLES_PER_US:
+        torch.cuda._sleep(1000)
+        _SPIN_CYCLES_PER_US[device] = 1e6 / _event_us(lambda: torch.cuda._sleep(1_000_000))
+    return _SPIN_CYCLES_PER_US[device]
+
+
+def _host_us(fn: Callable[[], Any], calls: int = 5) -> float:
+    """Host time per call of ``fn`` (no sync between calls)."""
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    us = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    return us
+
+
+def _spin_cycles(fn: Callable[[], Any], device: torch.device, lead_us: float) -> int:
+    """GPU spin to enqueue ahead of a timed call of ``fn`` so that the device is still busy when the host
+    has queued it: a call whose host code outlasts the ``lead_us`` of device work already queued (the
+    flush) is then not charged for its host time, which ``host_us`` reports apart. 0 if none is needed."""
+    need_us = 1.25 * _host_us(fn) + 10.0 - lead_us  # 10 us: the spin's own launch and the event record
+    if need_us <= 0 or not hasattr(torch.cuda, "_sleep"):
+        return 0
+    return int(need_us * _spin_cycles_per_us(device))
+
+
 def _repeats(est_s: float, budget_ms: float, min_reps: int, max_reps: int) -> int:
     return int(min(max_reps, max(min_reps, budget_ms * 1e-3 / max(est_s, 1e-9))))
 
 
-def time_cuda(fn: Callable[[], Any], device=None, *, budget_ms: float = 100.0, warmup_ms: float = 25.0,
-              flush: bool = True, graph: bool = False, min_reps: int = 10, max_reps: int = 10000) -> Timing:
-    """Device time of ``fn()`` with CUDA events, one event pair per call, L2 flushed before each call."""
+Fns = Dict[str, Callable[[], Any]]
+Outcome = Union[Timing, Exception]
+
+
+def _first_calls(fns: Fns, sync: Callable[[], None]) -> Tuple[Fns, Dict[str, Outcome]]:
+    """Call each function once; the ones that raise are reported, not timed."""
+    ok: Fns = {}
+    failed: Dict[str, Outcome] = {}
+    for name, fn in fns.items():
+        try:
+            fn()
+            sync()
+            ok[name] = fn
+        except Exception as e:  # noqa: BLE001 - one failing function must not lose the others
+            failed[name] = e
+    return ok, failed
+
+
+def _round_robin(fns: Fns, reps: int, one_call: Callable[[str, Callable[[], Any]], None],
+                 failed: Dict[str, Outcome]) -> None:
+    """``reps`` rounds of one call of each function, the order reversed every other round; a function
+    that raises is dropped (its error reported) and the others go on."""
+    live = list(fns)
+    for r in range(reps):
+        for name in (live if r % 2 == 0 else live[::-1]):
+            try:
+                one_call(name, fns[name])
+            except Exception as e:  # noqa: BLE001
+                failed[name] = e
+        live = [n for n in live if n not in failed]
+
+
+def time_cuda_together(fns: Fns, device=None, *, budget_ms: float = 100.0, warmup_ms: float = 25.0,
+                       flush: bool = True, graph: bool = False, min_reps: int = 10,
+                       max_reps: int = 10000) -> Dict[str, Outcome]:
+    """Device time of each function with CUDA events, one event pair per call, L2 flushed before each
+    call, the functions called in turn (one call of each per round): a slow spell of the device, or a
+    state that lasts a few milliseconds, lands on all of them alike. A function whose host code takes
+    longer than the flush gets a GPU spin queued ahead of its timed calls, so what is timed is device
+    time, not the host's launch time. ``budget_ms`` is per function.
+    Returns a Timing per function, or the exception it raised."""
     device = torch.device(device if device is not None else "cuda")
     with torch.cuda.device(device):
+        sync = torch.cuda.synchronize
+        fns, failed = _first_calls(fns, sync)
         if graph:
-            fn = _graphed(fn, device)
+            for name in list(fns):
+                try:
+                    fns[name] = _graphed(fns[name], device)
+                except Exception as e:  # noqa: BLE001 - not capturable: reported like any failure
+                    failed[name] = e
+                    del fns[name]
         buf = _flush_buffer(device) if flush else None
-        fn()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(5):
-            if buf is not None:
-                buf.zero_()
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        est_s = start.elapsed_time(end) / 5 * 1e-3  # includes the flush, like do_bench's estimate
-        for _ in range(max(1, int(warmup_ms * 1e-3 / max(est_s, 1e-9)))):
-            fn()
-        reps = _repeats(est_s, budget_ms, min_reps, max_reps)
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        for s, e in zip(starts, ends):
+        if buf is not None and device not in _FLUSH_US:
+            buf.zero_()
+            _FLUSH_US[device] = min(_event_us(buf.zero_) for _ in range(3))
+        lead_us = _FLUSH_US[device] if buf is not None else 0.0
+        est: Dict[str, float] = {}
+        spin: Dict[str, int] = {}
+        for name, fn in fns.items():
+            try:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(5):
+                    if buf is not None:
+                        buf.zero_()
+                    fn()
+                end.record()
+                sync()
+                est[name] = start.elapsed_time(end) / 5 * 1e-3  # includes the flush, like do_bench's estimate
+                for _ in range(max(1, int(warmup_ms * 1e-3 / max(est[name], 1e-9)))):
+                    fn()
+                spin[name] = _spin_cycles(fn, device, lead_us)
+            except Exception as e:  # noqa: BLE001
+                failed[name] = e
+        fns = {n: fn for n, fn in fns.items() if n not in failed}
+        events: Dict[str, list] = {name: [] for name in fns}
+
+        def one_call(name: str, fn: Callable[[], Any]) -> None:
             if buf is not None:
                 buf.zero_()  # device busy flushing while the host queues the timed call: no launch gap timed
+            if spin[name]:
+                torch.cuda._sleep(spin[name])  # the flush alone is shorter than this call's host time
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
             fn()
             e.record()
-        torch.cuda.synchronize()
-    return Timing.from_samples([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)],
-                               "cuda-graph" if graph else "cuda-events")
+            events[name].append((s, e))
+
+        if fns:
+            _round_robin(fns, _repeats(statistics.fmean(est.values()), budget_ms, min_reps, max_reps), one_call, failed)
+        sync()
+    timer = "cuda-graph" if graph else "cuda-events"
+    out: Dict[str, Outcome] = {n: Timing.from_samples([s.elapsed_time(e) * 1e3 for s, e in ev], timer)
+                               for n, ev in events.items() if n not in failed}
+    out.update(failed)
+    return out
 
 
-def time_host(fn: Callable[[], Any], *, budget_ms: float = 50.0, warmup_ms: float = 10.0, min_reps: int = 5,
-              max_reps: int = 10000) -> Timing:
-    """Wall time of ``fn()`` with time.perf_counter: calls shorter than ~20 µs are timed in batches."""
-    fn()
-    t0 = time.perf_counter()
-    for _ in range(3):
-        fn()
-    est_s = (time.perf_counter() - t0) / 3
-    batch = max(1, int(20e-6 / max(est_s, 1e-9)))
-    deadline = time.perf_counter() + warmup_ms * 1e-3
-    while time.perf_counter() < deadline:
-        fn()
-    samples = []
-    for _ in range(_repeats(est_s * batch, budget_ms, min_reps, max_reps)):
+def time_host_together(fns: Fns, *, budget_ms: float = 50.0, warmup_ms: float = 10.0, min_reps: int = 5,
+                       max_reps: int = 10000) -> Dict[str, Outcome]:
+    """Wall time of each function with time.perf_counter, the functions called in turn; calls shorter
+    than ~20 us are timed in batches. ``budget_ms`` is per function."""
+    fns, failed = _first_calls(fns, lambda: None)
+    batch: Dict[str, int] = {}
+    est_batch_s: List[float] = []
+    for name, fn in fns.items():
+        try:
+            t0 = time.perf_counter()
+            for _ in range(3):
+                fn()
+            est_s = (time.perf_counter() - t0) / 3
+            deadline = time.perf_counter() + warmup_ms * 1e-3
+            while time.perf_counter() < deadline:
+                fn()
+        except Exception as e:  # noqa: BLE001
+            failed[name] = e
+            continue
+        batch[name] = max(1, int(20e-6 / max(est_s, 1e-9)))
+        est_batch_s.append(est_s * batch[name])
+    fns = {n: fn for n, fn in fns.items() if n in batch}
+    samples: Dict[str, List[float]] = {name: [] for name in fns}
+
+    def one_call(name: str, fn: Callable[[], Any]) -> None:
+        n = batch[name]
         t0 = time.perf_counter()
-        for _ in range(batch):
+        for _ in range(n):
             fn()
-        samples.append((time.perf_counter() - t0) / batch * 1e6)
-    return Timing.from_samples(samples, "host")
+        samples[name].append((time.perf_counter() - t0) / n * 1e6)
+
+    if fns:
+        _round_robin(fns, _repeats(statistics.fmean(est_batch_s), budget_ms, min_reps, max_reps), one_call, failed)
+    out: Dict[str, Outcome] = {n: Timing.from_samples(v, "host") for n, v in samples.items() if n not in failed}
+    out.update(failed)
+    return out
+
+
+def _single(outcomes: Dict[str, Outcome]) -> Timing:
+    (res,) = outcomes.values()
+    if isinstance(res, Exception):
+        raise res
+    return res
+
+
+def time_cuda(fn: Callable[[], Any], device=None, **kw) -> Timing:
+    """Device time of ``fn()`` with CUDA events, one event pair per call, L2 flushed before each call
+    (options: :func:`time_cuda_together`)."""
+    return _single(time_cuda_together({"fn": fn}, device, **kw))
+
+
+def time_host(fn: Callable[[], Any], **kw) -> Timing:
+    """Wall time of ``fn()`` with time.perf_counter (options: :func:`time_host_together`)."""
+    return _single(time_host_together({"fn": fn}, **kw))
+
+
+def time_together(fns: Fns, device=None, **kw) -> Dict[str, Outcome]:
+    """CUDA events on a CUDA device, the host timer elsewhere (``graph``/``flush`` apply to CUDA only);
+    the functions are timed in turn, one call of each per round."""
+    device = torch.device(device if device is not None else "cpu")
+    if device.type == "cuda":
+        return time_cuda_together(fns, device, **kw)
+    kw.pop("graph", None)
+    kw.pop("flush", None)
+    return time_host_together(fns, **kw)
 
 
 def time_fn(fn: Callable[[], Any], device=None, **kw) -> Timing:
-    """CUDA events on a CUDA device, the host timer elsewhere (``graph``/``flush`` apply to CUDA only)."""
-    device = torch.device(device if device is not None else "cpu")
-    if device.type == "cuda":
-        return time_cuda(fn, device, **kw)
-    kw.pop("graph", None)
-    kw.pop("flush", None)
-    return time_host(fn, **kw)
+    """One function's :func:`time_together`."""
+    return _single(time_together({"fn": fn}, device, **kw))
 
 
 def host_overhead_us(fn: Callable[[], Any], device=None, calls: int = 100, repeats: int = 5) -> float:
@@ -463,23 +614,32 @@ def bench(target: Target = None, inputs=None, *, spec: Optional[Spec] = None, re
 
 def _bench_size(result: BenchResult, contenders: Dict[str, Callable], args: tuple, size, bytes_moved, bw,
                 timing_kw: dict, progress) -> None:
-    """Time every contender on one size's inputs; add the floor row."""
+    """Time every contender on one size's inputs, side by side (one call of each in turn); add the floor."""
     moved = None
-    rows = []
+    rows = {cname: {"size": list(size), "numel": math.prod(size), "contender": cname} for cname in contenders}
+    ready = {}
     for cname, fn in contenders.items():
-        row = {"size": list(size), "numel": math.prod(size), "contender": cname}
         try:
             out = fn(*args)  # first call: compiles (torch.compile), loads, allocates
             if moved is None:
                 moved = int(bytes_moved(args, out))
             del out
-            row.update(dataclasses.asdict(time_fn(lambda: fn(*args), result.device, **timing_kw)))
+            ready[cname] = lambda fn=fn: fn(*args)
         except Exception as e:  # noqa: BLE001 - one contender failing must not lose the others
+            rows[cname]["error"] = e
+    for cname, outcome in time_together(ready, result.device, **timing_kw).items():
+        if isinstance(outcome, Exception):
+            rows[cname]["error"] = outcome
+        else:
+            rows[cname].update(dataclasses.asdict(outcome))
+    for cname, row in rows.items():
+        if "error" in row:
+            e = row["error"]
             row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
             result.notes.append(f"{cname} at {report.fmt_shape(size)}: {row['error']}")
-        rows.append(row)
         if progress:
             progress(f"{result.name} {report.fmt_shape(size)} {cname}: {report.fmt_us(row.get('median_us'))}")
+    rows = list(rows.values())
     if moved is not None:
         for row in rows:
             row["bytes"] = moved

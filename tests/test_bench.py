@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kernelkit import Spec, bench
-from kernelkit.bench import device_bandwidth, time_fn
+from kernelkit.bench import device_bandwidth, time_fn, time_together
 from kernelkit.harness_cli import parse_size
 from fixtures import broken_ops as B
 
@@ -53,7 +53,40 @@ def test_times_reflect_the_work():
     slow, fast = res.median_us("slow"), res.median_us("fast")
     assert 2000 <= slow < 20000
     assert fast < 500
-    assert res.get("slow")["reps"] < res.get("fast")["reps"]  # adaptive: the budget bounds the repeats
+    # timed side by side, one call of each per round: same repeats, bounded by the budget (2 x 40 ms)
+    assert res.get("slow")["reps"] == res.get("fast")["reps"] <= 60
+
+
+def test_contenders_are_timed_in_turn():
+    """One call of each per round (order reversed every other round), so a slow spell lands on all."""
+    calls = []
+
+    def rec(name):
+        def fn():
+            calls.append(name)
+            time.sleep(1e-4)  # > 20 us: one call per sample, no batching
+        return fn
+
+    out = time_together({"a": rec("a"), "b": rec("b"), "c": rec("c")}, "cpu", budget_ms=10, warmup_ms=0)
+    assert {k: type(v).__name__ for k, v in out.items()} == dict.fromkeys("abc", "Timing")
+    reps = out["a"].reps
+    assert out["b"].reps == out["c"].reps == reps >= 5
+    timed = calls[-3 * reps:]
+    assert timed[:6] == list("abccba")
+    assert all(sorted(timed[3 * i:3 * i + 3]) == list("abc") for i in range(reps))
+
+
+def test_a_contender_failing_midway_is_dropped_not_fatal():
+    n = [0]
+
+    def flaky():
+        n[0] += 1
+        if n[0] > 20:
+            raise RuntimeError("device went away")
+
+    out = time_together({"flaky": flaky, "ok": lambda: None}, "cpu", budget_ms=5, warmup_ms=0)
+    assert isinstance(out["flaky"], RuntimeError) and "went away" in str(out["flaky"])
+    assert out["ok"].reps >= 5
 
 
 def test_adaptive_repeat_count():
@@ -150,3 +183,19 @@ def test_gpu_bench_agrees_with_triton_do_bench():
     spec.loader.exec_module(mod)
     rows = mod.crosscheck(sizes=[1 << 24])
     assert all(r["agree"] for r in rows), rows
+
+
+@pytest.mark.gpu
+def test_gpu_host_time_is_not_charged_as_device_time():
+    """A call whose host code outlasts the L2 flush (torch.compile on a slow host CPU) is timed by what
+    the device does: a GPU spin queued ahead of it keeps the launch gap out of the events."""
+    a, b = (torch.randn(1024, device="cuda") for _ in range(2))
+
+    def slow_host():
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 500e-6:  # 0.5 ms of host work: longer than any GPU's flush
+            pass
+        return torch.add(a, b)
+
+    out = time_together({"slow host": slow_host, "plain": lambda: torch.add(a, b)}, "cuda", budget_ms=30)
+    assert out["slow host"].median_us < out["plain"].median_us + 20, out

@@ -4,13 +4,17 @@
 // double). Each block owns one tile of `unroll` x blockDim accesses: all of a thread's loads are issued
 // before its first store, and the grid covers the tensor once (PyTorch's launch shape; on an H200 a
 // one-wave grid-stride loop streams a 2^28 float add ~5% slower, 779-792 vs 738 us). The access shape
-// depends on what binds (common/launch.cuh, dram_outruns_sms; measured side by side, README):
+// depends on what binds (common/launch.cuh, dram_outruns_sms) and on the size; each rule was measured
+// side by side against the others and torch.compile (README, "access shape"):
 //  - where DRAM outruns the SMs (H200): 16-byte accesses, 2 per thread, 128-thread blocks, the fewest
-//    instructions per byte (8-byte accesses are 1-2% slower there);
-//  - elsewhere (H100): one access per thread, 256-thread blocks, 512 once an operand reaches 1 GiB, of
-//    8 bytes per input (16 for a single input: a thread keeps 16 bytes of loads in flight; 8 cost sigmoid
-//    6%). Fewer bytes in flight per thread than the 16-byte x 2 shape, and 1-1.6% faster (2^28 float
-//    add: 1041 vs 1058 us); torch.compile's autotuner compiles this shape there too.
+//    instructions per byte once DRAM streams (8-byte accesses are 1-3% slower there); a single input
+//    below 32 MiB takes one 16-byte access per thread, 256-thread blocks (small sigmoids 2-3% faster);
+//  - elsewhere (H100): one access per thread, 256-thread blocks, of 8 bytes per input when several
+//    inputs stream (1-1.6% faster from 32 MiB: 2^28 float add 1041 vs 1058 us; torch.compile's
+//    autotuner compiles this shape there too; 512-thread blocks once an operand reaches 1 GiB), of 16
+//    bytes for a single input (a thread keeps 16 bytes of loads in flight; 8 cost sigmoid 6%, 512-thread
+//    blocks 1%). From 1 to 32 MiB, several inputs take 16-byte accesses, 4 per thread (1-3% faster than
+//    8-byte ones at 2^20-2^22 floats).
 // Unaligned pointers take single-element accesses. Tiles are 64-bit indexed and the block loop strides by
 // the grid, so any int64 size is covered even past the 2^31 - 1 block limit. `out` may alias an input
 // exactly (each element is read before it is written by the same thread); partial overlap is not
@@ -18,6 +22,8 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 #include <cuda_runtime.h>
 
 #include "common/dtype.cuh"
@@ -27,7 +33,10 @@
 namespace kk {
 
 constexpr int kEwMaxBlock = 512;                     // the widest block launched below
-constexpr int64_t kEwLargeOperand = int64_t{1} << 30;  // bytes per operand from which the 8-byte shape takes 512 threads
+// Operand sizes (bytes) where the best shape changes (measured on an H100 and an H200, README):
+constexpr int64_t kEwMidOperand = int64_t{1} << 20;     // from 1 MiB: H100 several-input ops, 16 B x 4
+constexpr int64_t kEwStreamOperand = int64_t{32} << 20;  // from 32 MiB: DRAM streaming shapes
+constexpr int64_t kEwLargeOperand = int64_t{1} << 30;   // from 1 GiB: the 8-byte shape takes 512 threads
 
 template <typename T, int NIn> struct InPtrs {
   const T* p[NIn];
@@ -41,11 +50,24 @@ __device__ __forceinline__ A apply_acc(const F& f, const A (&x)[NIn]) {
   else return f(x[0], x[1], x[2]);
 }
 
+// A functor whose per-element form depends on device memory (ddpm_step's coefficients, indexed by a
+// timestep that lives on the device so a loop can be graph-captured) provides `__device__ G prepare()
+// const`, called once per thread; the kernel applies the G it returns. Other functors are used as given.
+template <typename F, typename = void> struct HasPrepare : std::false_type {};
+template <typename F>
+struct HasPrepare<F, std::void_t<decltype(std::declval<const F&>().prepare())>> : std::true_type {};
+
+template <typename F> __device__ __forceinline__ auto prepared(const F& f) {
+  if constexpr (HasPrepare<F>::value) return f.prepare();
+  else return f;
+}
+
 // W elements per access, U accesses per thread per tile, blockDim.x threads. Accesses [0, n / W) go
 // through tiles; the last n % W elements (only when W > 1) are done one by one by block 0.
 template <typename T, int W, int U, int NIn, typename F>
-__global__ void __launch_bounds__(kEwMaxBlock) elementwise_kernel(T* out, InPtrs<T, NIn> in, int64_t n, F f) {
+__global__ void __launch_bounds__(kEwMaxBlock) elementwise_kernel(T* out, InPtrs<T, NIn> in, int64_t n, F functor) {
   using A = acc_t<T>;
+  const auto f = prepared(functor);
   using VecT = Vec<T, W>;
   const int64_t nacc = n / W;
   const int64_t block = blockDim.x, tile_size = block * U;
@@ -98,15 +120,24 @@ cudaError_t launch_elementwise_w(T* out, InPtrs<T, NIn> in, int64_t n, F f, int 
 template <typename T, int NIn, typename F>
 cudaError_t launch_elementwise(T* out, InPtrs<T, NIn> in, int64_t n, F f, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
+  const int64_t operand = n * static_cast<int64_t>(sizeof(T));
   const bool wide = dram_outruns_sms();
-  constexpr int kNarrowBytes = NIn == 1 ? kVecBytes : 8;  // >= 16 bytes of loads in flight per thread
-  const int bytes = wide ? kVecBytes : kNarrowBytes;
-  bool aligned = is_aligned(out, bytes);
-  for (int k = 0; k < NIn; ++k) aligned = aligned && is_aligned(in.p[k], bytes);
-  const int block = n * static_cast<int64_t>(sizeof(T)) >= kEwLargeOperand ? 512 : 256;  // 1 access per thread
+  const bool streaming = operand >= kEwStreamOperand;
+  const bool mid = operand >= kEwMidOperand && !streaming;
+  const bool eight = NIn > 1 && !wide && !mid;  // the H100's several-input shape, small or streaming
+  bool aligned = is_aligned(out, eight ? 8 : kVecBytes);
+  for (int k = 0; k < NIn; ++k) aligned = aligned && is_aligned(in.p[k], eight ? 8 : kVecBytes);
+  const int block = NIn > 1 && operand >= kEwLargeOperand ? 512 : 256;  // for one access per thread
   if (!aligned) return launch_elementwise_w<T, 1, 1, NIn>(out, in, n, f, block, stream);
-  if (wide) return launch_elementwise_w<T, vec_width<T>(), 2, NIn>(out, in, n, f, 128, stream);
-  return launch_elementwise_w<T, vec_width<T, kNarrowBytes>(), 1, NIn>(out, in, n, f, block, stream);
+  constexpr int W = vec_width<T>();
+  if constexpr (NIn == 1) {
+    if (wide && streaming) return launch_elementwise_w<T, W, 2, NIn>(out, in, n, f, 128, stream);
+    return launch_elementwise_w<T, W, 1, NIn>(out, in, n, f, block, stream);
+  } else {
+    if (wide) return launch_elementwise_w<T, W, 2, NIn>(out, in, n, f, 128, stream);
+    if (mid) return launch_elementwise_w<T, W, 4, NIn>(out, in, n, f, 256, stream);
+    return launch_elementwise_w<T, vec_width<T, 8>(), 1, NIn>(out, in, n, f, block, stream);
+  }
 }
 
 }  // namespace kk
