@@ -2,15 +2,24 @@
 
 GPU timing follows triton.testing.do_bench: CUDA events around each call, a 256 MB write between calls to
 flush L2, warm-up, and a repeat count chosen to fill a time budget; median and p20/p80 are reported.
-The contenders are timed side by side: one call of each in turn, so a slow spell, or a device state
-that lasts a few milliseconds (small kernels' times jump by ~0.5 us between such states), lands on all
-of them alike rather than on whichever was timed then. A contender whose host code outlasts the flush
+The contenders are timed side by side: one call of each per round, in a random order (reversed in the
+round after), so a slow spell, or a device state that lasts a few milliseconds (small kernels' times jump
+by ~0.5 us between such states), lands on all of them alike rather than on whichever was timed then,
+and no contender keeps a place in the round. A contender whose host side outlasts the flush
 (torch.compile on a slow host CPU) gets a GPU spin queued ahead of each timed call, so its device time
-is not inflated by its launch time; host time is reported apart.
+is not inflated by its launch time; host time is reported apart. Every timed call's host time is
+checked against the device work queued ahead of it: a round with a late launch (a host stall) is left
+out, and the late contender's spin lengthened.
 Optional CUDA-graph mode replays a captured call (no launch overhead). Host overhead (wall time per call
 on a tiny input, no sync) is measured separately against torch.add's. The floor is bytes moved / the
 device's bandwidth, measured once with a large device-to-device copy and cached. On a CPU the same
 sweep runs with a host timer (time.perf_counter), so CI exercises the whole path.
+
+Because each round times every contender once, the first contender (the op under test) is compared with
+each other one round by round: the median of the per-round time ratios, with a distribution-free 95%
+confidence interval (:func:`paired_ratio`). A state of the device that lasts milliseconds moves both
+calls of a round alike, so the paired ratio resolves differences far below one contender's own spread;
+an interval that contains 1 is a tie.
 """
 from __future__ import annotations
 
@@ -21,6 +30,7 @@ import json
 import math
 import os
 import platform
+import random
 import statistics
 import time
 from pathlib import Path
@@ -44,12 +54,52 @@ class Timing:
     min_us: float
     reps: int
     timer: str
+    samples_us: List[float] = dataclasses.field(default_factory=list, repr=False)  # one per round, in order
+    dropped: int = 0  # rounds left out: the host was late with a launch, so device time was not alone
 
     @classmethod
-    def from_samples(cls, samples_us: Sequence[float], timer: str) -> "Timing":
+    def from_samples(cls, samples_us: Sequence[float], timer: str, dropped: int = 0) -> "Timing":
         qs = statistics.quantiles(samples_us, n=10, method="inclusive") if len(samples_us) > 1 else [samples_us[0]] * 9
         return cls(statistics.median(samples_us), qs[1], qs[7], statistics.fmean(samples_us), min(samples_us),
-                   len(samples_us), timer)
+                   len(samples_us), timer, list(samples_us), dropped)
+
+    def summary(self) -> dict:
+        """The statistics without the samples (what a report row keeps)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "samples_us"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Ratio:
+    """``median`` of per-round ratios of two contenders' times with its 95% confidence interval
+    [``lo``, ``hi``] over ``rounds`` rounds."""
+    median: float
+    lo: float
+    hi: float
+    rounds: int
+
+    @property
+    def verdict(self) -> str:
+        """"faster" / "slower" when the interval excludes 1, else "tie" (ratio = other's time / ours)."""
+        return "faster" if self.lo > 1.0 else "slower" if self.hi < 1.0 else "tie"
+
+    def __str__(self) -> str:
+        return f"{self.median:.3f}x [{self.lo:.3f}, {self.hi:.3f}]"
+
+
+def paired_ratio(ours_us: Sequence[float], other_us: Sequence[float]) -> Ratio:
+    """How many times faster ``ours`` is than ``other``, round by round: the median of other[r] / ours[r]
+    with a distribution-free 95% confidence interval for that median (the order statistics k and n - 1 - k
+    of the sorted ratios, k from the binomial(n, 1/2) normal approximation; the whole range below 6
+    rounds). Both sequences are per-round samples of the same rounds (:func:`time_together`)."""
+    if len(ours_us) != len(other_us) or not ours_us:
+        raise ValueError(f"paired_ratio: expected two equally long, non-empty per-round sample lists, got "
+                         f"{len(ours_us)} and {len(other_us)}")
+    if min(ours_us) <= 0:
+        raise ValueError("paired_ratio: ours_us must be positive times")
+    r = sorted(o / u for u, o in zip(ours_us, other_us))
+    n = len(r)
+    k = max(0, math.floor(n / 2 - 0.98 * math.sqrt(n))) if n >= 6 else 0
+    return Ratio(statistics.median(r), r[k], r[n - 1 - k], n)
 
 
 # ---------------------------------------------------------------------------------------------- timers
@@ -95,24 +145,16 @@ def _spin_cycles_per_us(device: torch.device) -> float:
     return _SPIN_CYCLES_PER_US[device]
 
 
-def _host_us(fn: Callable[[], Any], calls: int = 5) -> float:
-    """Host time per call of ``fn`` (no sync between calls)."""
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    us = (time.perf_counter() - t0) / calls * 1e6
-    torch.cuda.synchronize()
-    return us
+_MAX_SPIN_US = 20_000.0  # a call whose host side takes longer than this is host-bound: timed as it comes
 
 
-def _spin_cycles(fn: Callable[[], Any], device: torch.device, lead_us: float) -> int:
-    """GPU spin to enqueue ahead of a timed call of ``fn`` so that the device is still busy when the host
-    has queued it: a call whose host code outlasts the ``lead_us`` of device work already queued (the
-    flush) is then not charged for its host time, which ``host_us`` reports apart. 0 if none is needed."""
-    need_us = 1.25 * _host_us(fn) + 10.0 - lead_us  # 10 us: the spin's own launch and the event record
-    if need_us <= 0 or not hasattr(torch.cuda, "_sleep"):
-        return 0
-    return int(need_us * _spin_cycles_per_us(device))
+def _spin_us(host_us: float, lead_us: float) -> float:
+    """GPU spin (us) to enqueue ahead of a timed call whose host side (flush, spin and event launches, the
+    call itself) takes ``host_us``, so the device is still busy when the host has queued the call: with
+    ``lead_us`` of device work ahead (the flush) the call is then not charged for its host time, which
+    ``host_us`` reports apart. 0 if none is needed."""
+    need_us = min(1.5 * host_us + 10.0 - lead_us, _MAX_SPIN_US)
+    return need_us if need_us > 0 and hasattr(torch.cuda, "_sleep") else 0.0
 
 
 def _repeats(est_s: float, budget_ms: float, min_reps: int, max_reps: int) -> int:
@@ -137,18 +179,24 @@ def _first_calls(fns: Fns, sync: Callable[[], None]) -> Tuple[Fns, Dict[str, Out
     return ok, failed
 
 
-def _round_robin(fns: Fns, reps: int, one_call: Callable[[str, Callable[[], Any]], None],
-                 failed: Dict[str, Outcome]) -> None:
-    """``reps`` rounds of one call of each function, the order reversed every other round; a function
-    that raises is dropped (its error reported) and the others go on."""
-    live = list(fns)
+def _round_robin(fns: Fns, reps: int, one_call: Callable[[str, Callable[[], Any], int], None],
+                 failed: Dict[str, Outcome], seed: int = 0) -> None:
+    """``reps`` rounds of one call of each function: a fresh (seeded) random order every other round and
+    its reverse in the round after, so no function keeps a place in the round (on an H100, the same call
+    placed second or fourth of nine measured 5-8% apart at 2^14-2^16 floats) and each place is balanced
+    over a pair of rounds. A function that raises is dropped (its error reported) and the others go on."""
+    rng = random.Random(seed)
+    order = list(fns)
     for r in range(reps):
-        for name in (live if r % 2 == 0 else live[::-1]):
+        if r % 2 == 0:
+            rng.shuffle(order)
+        for name in (order if r % 2 == 0 else order[::-1]):
+            if name in failed:
+                continue
             try:
-                one_call(name, fns[name])
+                one_call(name, fns[name], r)
             except Exception as e:  # noqa: BLE001
                 failed[name] = e
-        live = [n for n in live if n not in failed]
 
 
 def time_cuda_together(fns: Fns, device=None, *, budget_ms: float = 100.0, warmup_ms: float = 25.0,
@@ -156,9 +204,11 @@ def time_cuda_together(fns: Fns, device=None, *, budget_ms: float = 100.0, warmu
                        max_reps: int = 10000) -> Dict[str, Outcome]:
     """Device time of each function with CUDA events, one event pair per call, L2 flushed before each
     call, the functions called in turn (one call of each per round): a slow spell of the device, or a
-    state that lasts a few milliseconds, lands on all of them alike. A function whose host code takes
+    state that lasts a few milliseconds, lands on all of them alike. A function whose host side takes
     longer than the flush gets a GPU spin queued ahead of its timed calls, so what is timed is device
-    time, not the host's launch time. ``budget_ms`` is per function.
+    time, not the host's launch time; a round in which a launch still came late is left out (counted in
+    ``Timing.dropped``) unless that would leave fewer than a quarter of them. ``budget_ms`` is per
+    function.
     Returns a Timing per function, or the exception it raised."""
     device = torch.device(device if device is not None else "cuda")
     with torch.cuda.device(device):
@@ -177,7 +227,31 @@ def time_cuda_together(fns: Fns, device=None, *, budget_ms: float = 100.0, warmu
             _FLUSH_US[device] = min(_event_us(buf.zero_) for _ in range(3))
         lead_us = _FLUSH_US[device] if buf is not None else 0.0
         est: Dict[str, float] = {}
-        spin: Dict[str, int] = {}
+        spin_us: Dict[str, float] = {}
+        events: Dict[str, list] = {}
+        late: set = set()  # rounds in which some call's launch came after the device work ahead of it
+
+        def one_call(name: str, fn: Callable[[], Any], r: int) -> None:
+            t0 = time.perf_counter()
+            if buf is not None:
+                buf.zero_()  # device busy flushing while the host queues the timed call: no launch gap timed
+            if spin_us[name]:
+                torch.cuda._sleep(int(spin_us[name] * _spin_cycles_per_us(device)))
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            # Late: the device reached the start event before the call was queued, so it waited for the
+            # host inside the timed span (a slow host, a stall). Not late while the device is behind.
+            late_launch = s.query()
+            host_us = (time.perf_counter() - t0) * 1e6
+            e.record()
+            if r >= 0:
+                events[name].append((s, e))
+            if late_launch or r < 0:  # the device was idle: host_us is the host's own time
+                spin_us[name] = max(spin_us[name], _spin_us(host_us, lead_us))
+                if r >= 0:
+                    late.add(r)  # this round is left out
+
         for name, fn in fns.items():
             try:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -191,29 +265,26 @@ def time_cuda_together(fns: Fns, device=None, *, budget_ms: float = 100.0, warmu
                 est[name] = start.elapsed_time(end) / 5 * 1e-3  # includes the flush, like do_bench's estimate
                 for _ in range(max(1, int(warmup_ms * 1e-3 / max(est[name], 1e-9)))):
                     fn()
-                spin[name] = _spin_cycles(fn, device, lead_us)
+                spin_us[name], events[name] = 0.0, []
+                for _ in range(3):  # dry runs from an idle device: the host time of a whole timed call
+                    sync()
+                    one_call(name, fn, -1)
+                sync()
             except Exception as e:  # noqa: BLE001
                 failed[name] = e
         fns = {n: fn for n, fn in fns.items() if n not in failed}
-        events: Dict[str, list] = {name: [] for name in fns}
-
-        def one_call(name: str, fn: Callable[[], Any]) -> None:
-            if buf is not None:
-                buf.zero_()  # device busy flushing while the host queues the timed call: no launch gap timed
-            if spin[name]:
-                torch.cuda._sleep(spin[name])  # the flush alone is shorter than this call's host time
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            events[name].append((s, e))
-
         if fns:
             _round_robin(fns, _repeats(statistics.fmean(est.values()), budget_ms, min_reps, max_reps), one_call, failed)
         sync()
     timer = "cuda-graph" if graph else "cuda-events"
-    out: Dict[str, Outcome] = {n: Timing.from_samples([s.elapsed_time(e) * 1e3 for s, e in ev], timer)
-                               for n, ev in events.items() if n not in failed}
+    live = {n: ev for n, ev in events.items() if n not in failed}
+    rounds = min((len(ev) for ev in live.values()), default=0)
+    keep = [r for r in range(rounds) if r not in late]
+    if len(keep) < max(3, rounds // 4):  # a host always late: report what there is rather than nothing
+        keep = list(range(rounds))
+    out: Dict[str, Outcome] = {n: Timing.from_samples([ev[r][0].elapsed_time(ev[r][1]) * 1e3 for r in keep], timer,
+                                                      rounds - len(keep))
+                               for n, ev in live.items()}
     out.update(failed)
     return out
 
@@ -242,7 +313,7 @@ def time_host_together(fns: Fns, *, budget_ms: float = 50.0, warmup_ms: float = 
     fns = {n: fn for n, fn in fns.items() if n in batch}
     samples: Dict[str, List[float]] = {name: [] for name in fns}
 
-    def one_call(name: str, fn: Callable[[], Any]) -> None:
+    def one_call(name: str, fn: Callable[[], Any], r: int) -> None:  # noqa: ARG001 - rounds all kept
         n = batch[name]
         t0 = time.perf_counter()
         for _ in range(n):
@@ -409,12 +480,21 @@ class BenchResult:
         return row["median_us"] if row else None
 
     def speedup(self, contender: str, baseline: str = "eager", size=None) -> Optional[float]:
+        """Ratio of the two medians (see :meth:`paired` for the round-by-round ratio of the first contender)."""
         a, b = self.median_us(contender, size), self.median_us(baseline, size)
         return b / a if a and b else None
 
+    def paired(self, other: str, size=None) -> Optional[Ratio]:
+        """How many times faster the first contender is than ``other`` at ``size`` (default: the largest),
+        round by round, with its 95% confidence interval; None if either was not timed."""
+        row = self.get(other, size)
+        if not row or row.get("ratio") is None:
+            return None
+        return Ratio(row["ratio"], row["ratio_lo"], row["ratio_hi"], row["reps"])
+
     def headers(self) -> List[str]:
         h = ["size"] + self.contenders + (["floor", f"% bw ({self.contenders[0]})"] if self.bandwidth_bytes_per_s else [])
-        return h + [f"{c} vs eager" for c in self.contenders if c != "eager" and "eager" in self.contenders]
+        return h + [f"{self.contenders[0]} vs {c} (95% CI)" for c in self.contenders[1:]]
 
     def table_rows(self) -> List[list]:
         out = []
@@ -430,10 +510,9 @@ class BenchResult:
                 first = self.get(self.contenders[0], size)
                 row += [report.fmt_us(self.median_us("floor", size)),
                         f"{first['pct_bw']:.0f}%" if first and first.get("pct_bw") is not None else "-"]
-            for c in self.contenders:
-                if c != "eager" and "eager" in self.contenders:
-                    s = self.speedup(c, "eager", size)
-                    row.append(f"{s:.2f}x" if s else "-")
+            for c in self.contenders[1:]:
+                r = self.paired(c, size)
+                row.append(f"{r.median:.2f}x ({r.lo:.2f}-{r.hi:.2f})" if r else "-")
             out.append(row)
         return out
 
@@ -458,8 +537,10 @@ class BenchResult:
         path.write_text(json.dumps(self.to_dict(), indent=1))
         return path
 
+    # ratio/ratio_lo/ratio_hi: this contender's time over the first contender's, round by round (paired_ratio)
     CSV_FIELDS = ("name", "device", "dtype", "size", "numel", "contender", "median_us", "p20_us", "p80_us",
-                  "mean_us", "min_us", "reps", "timer", "bytes", "gbps", "pct_bw", "error")
+                  "mean_us", "min_us", "reps", "dropped", "timer", "bytes", "gbps", "pct_bw", "ratio", "ratio_lo",
+                  "ratio_hi", "error")
 
     def to_csv(self, path) -> Path:
         return write_csv([self], path)
@@ -627,11 +708,18 @@ def _bench_size(result: BenchResult, contenders: Dict[str, Callable], args: tupl
             ready[cname] = lambda fn=fn: fn(*args)
         except Exception as e:  # noqa: BLE001 - one contender failing must not lose the others
             rows[cname]["error"] = e
+    samples: Dict[str, List[float]] = {}
     for cname, outcome in time_together(ready, result.device, **timing_kw).items():
         if isinstance(outcome, Exception):
             rows[cname]["error"] = outcome
         else:
-            rows[cname].update(dataclasses.asdict(outcome))
+            rows[cname].update(outcome.summary())
+            samples[cname] = outcome.samples_us
+    first = next(iter(contenders))
+    for cname, other in samples.items():  # the op under test against each other contender, round by round
+        if cname != first and first in samples and len(other) == len(samples[first]):
+            ratio = paired_ratio(samples[first], other)
+            rows[cname].update(ratio=ratio.median, ratio_lo=ratio.lo, ratio_hi=ratio.hi)
     for cname, row in rows.items():
         if "error" in row:
             e = row["error"]

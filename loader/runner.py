@@ -198,10 +198,12 @@ def summary_row(r: CardRun) -> List[str]:
     med = lambda name: report.fmt_us(b.median_us(name, size))  # noqa: E731
     first = b.get("kernelkit", size) or {}
     base = "torch.compile" if b.median_us("torch.compile", size) else "eager"
+    paired = b.paired(base, size)  # round by round, with its 95% interval
     speedup = b.speedup("kernelkit", base, size)
+    cell = f"{paired.median:.2f}x vs {base} ({paired.lo:.2f}-{paired.hi:.2f})" if paired else \
+        f"{speedup:.2f}x vs {base}" if speedup else "-"
     return row + [report.fmt_shape(size), med("kernelkit"), med("eager"), med("torch.compile"), med("floor"),
-                  f"{first['pct_bw']:.0f}%" if first.get("pct_bw") is not None else "-",
-                  f"{speedup:.2f}x vs {base}" if speedup else "-"]
+                  f"{first['pct_bw']:.0f}%" if first.get("pct_bw") is not None else "-", cell]
 
 
 def write_report(out: Path, env: Dict[str, Any], results: List[CardRun]) -> Path:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kernelkit import Spec, bench
-from kernelkit.bench import device_bandwidth, time_fn, time_together
+from kernelkit.bench import device_bandwidth, paired_ratio, time_fn, time_together
 from kernelkit.harness_cli import parse_size
 from fixtures import broken_ops as B
 
@@ -36,7 +36,7 @@ def test_cpu_sweep_rows_and_files(tmp_path):
         assert floor["median_us"] == pytest.approx(floor["bytes"] / res.bandwidth_bytes_per_s * 1e6)
     assert set(res.host_us) == {"torch.add", "mul", "eager"}
     text = repr(res)
-    assert "16384" in text and "floor" in text and "mul vs eager" in text
+    assert "16384" in text and "floor" in text and "mul vs eager (95% CI)" in text
     assert "<table>" in res._repr_html_()
     data = json.loads(res.to_json(tmp_path / "r.json").read_text())
     assert len(data["rows"]) == len(SIZES) * 3
@@ -55,6 +55,43 @@ def test_times_reflect_the_work():
     assert fast < 500
     # timed side by side, one call of each per round: same repeats, bounded by the budget (2 x 40 ms)
     assert res.get("slow")["reps"] == res.get("fast")["reps"] <= 60
+    # the first contender against the other, round by round: "slow" is slower, and its interval says so
+    r = res.paired("fast")
+    assert r.verdict == "slower" and r.lo <= r.median <= r.hi < 0.5, r
+    assert res.paired("slow") is None  # the first contender has no ratio to itself
+
+
+def test_paired_ratio_resolves_what_separate_medians_cannot():
+    """A device state that moves both calls of a round alike (+-30% here) hides a 2% difference between
+    the two medians' spreads; the round-by-round ratio sees it, and its interval excludes 1."""
+    import random
+
+    rng = random.Random(0)
+    state = [rng.choice([1.0, 1.3, 0.7]) * (1 + 0.002 * rng.random()) for _ in range(200)]
+    ours = [10.0 * s for s in state]
+    other = [10.2 * s * (1 + 0.002 * rng.random()) for s in state]
+    r = paired_ratio(ours, other)
+    assert r.verdict == "faster" and 1.015 < r.lo <= r.median <= r.hi < 1.025, r
+    assert str(r).startswith("1.02")
+    from kernelkit.bench import Timing
+
+    a, b = Timing.from_samples(ours, "t"), Timing.from_samples(other, "t")
+    assert a.p20_us < b.median_us < a.p80_us  # apart, each one's spread swallows the difference
+    # a symmetric +-1% round-to-round difference with no bias is a tie
+    noisy = [u * (1 + rng.uniform(-0.01, 0.01)) for u in ours]
+    r = paired_ratio(ours, noisy)
+    assert r.verdict == "tie" and r.lo < 1 < r.hi, r
+
+
+def test_paired_ratio_interval_and_bad_input():
+    r = paired_ratio([1.0] * 100, [float(i) for i in range(1, 101)])  # ratios 1..100
+    assert r.median == 50.5 and r.rounds == 100
+    assert (r.lo, r.hi) == (41.0, 60.0)  # order statistics 40 and 59 (0-based): n/2 -+ 0.98 sqrt(n)
+    assert paired_ratio([2.0] * 3, [1.0, 2.0, 3.0]) == type(r)(1.0, 0.5, 1.5, 3)  # < 6 rounds: the range
+    with pytest.raises(ValueError, match="equally long"):
+        paired_ratio([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="ours_us"):
+        paired_ratio([0.0], [1.0])
 
 
 def test_contenders_are_timed_in_turn():
@@ -72,8 +109,11 @@ def test_contenders_are_timed_in_turn():
     reps = out["a"].reps
     assert out["b"].reps == out["c"].reps == reps >= 5
     timed = calls[-3 * reps:]
-    assert timed[:6] == list("abccba")
-    assert all(sorted(timed[3 * i:3 * i + 3]) == list("abc") for i in range(reps))
+    rounds = [timed[3 * i:3 * i + 3] for i in range(reps)]
+    assert all(sorted(r) == list("abc") for r in rounds)  # one call of each per round
+    assert all(rounds[i + 1] == rounds[i][::-1] for i in range(0, reps - 1, 2))  # a round, then its reverse
+    # no contender keeps its place: each one leads some round (a seeded shuffle every other round)
+    assert {r[0] for r in rounds} == set("abc"), rounds
 
 
 def test_a_contender_failing_midway_is_dropped_not_fatal():
@@ -115,6 +155,10 @@ def test_spec_drives_contenders_sizes_and_bytes(tmp_path):
     assert all(r.get("bytes") == 12345 for r in res.rows)
     assert res.median_us("torch.compile", (1000,)) > 0, res.notes
     assert res.speedup("kernelkit", "eager") is not None
+    r = res.paired("torch.compile", (1000,))
+    assert r is not None and r.lo <= r.median <= r.hi and r.rounds == res.get("kernelkit", (1000,))["reps"]
+    row = next(csv.DictReader(open(res.to_csv(tmp_path / "r.csv"))))
+    assert {"ratio", "ratio_lo", "ratio_hi"} <= set(row)
 
 
 def test_bandwidth_measured_once_and_cached(tmp_path, monkeypatch):
@@ -199,3 +243,25 @@ def test_gpu_host_time_is_not_charged_as_device_time():
 
     out = time_together({"slow host": slow_host, "plain": lambda: torch.add(a, b)}, "cuda", budget_ms=30)
     assert out["slow host"].median_us < out["plain"].median_us + 20, out
+
+
+@pytest.mark.gpu
+def test_gpu_host_stalls_are_not_charged_as_device_time():
+    """A host that stalls now and then (every third call here: the GC, another process) launches late
+    behind its spin: those rounds are left out, the spin lengthened, and the timing stays the device's."""
+    a, b = (torch.randn(1024, device="cuda") for _ in range(2))
+    calls = [0]
+
+    def stalls():
+        calls[0] += 1
+        if calls[0] % 3 == 0:
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < 1e-3:
+                pass
+        return torch.add(a, b)
+
+    out = time_together({"stalls": stalls, "plain": lambda: torch.add(a, b)}, "cuda", budget_ms=30)
+    stalled, plain = out["stalls"], out["plain"]
+    assert stalled.reps == plain.reps >= 10 and stalled.dropped == plain.dropped
+    # a third of the calls would carry ~1 ms of host time: the p80 shows whether any got through
+    assert stalled.p80_us < plain.p80_us + 20 and stalled.median_us < plain.median_us + 10, out

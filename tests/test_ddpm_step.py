@@ -176,6 +176,39 @@ def test_philox_seeded_statistics_and_t0():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64), ids=str)
+@pytest.mark.parametrize("n,view", [(4097, False), (1 << 14, False), (7, False), (4097, True), (1 << 14, True)])
+def test_philox_noise_is_the_documented_draw(dtype, n, view):
+    """Element 4c + k gets normal k of Philox subsequence c at the generator's offset (reference/philox.py),
+    for whole 4-element chunks (one access per operand), the ragged last chunk, and unaligned views (element
+    by element); a second call draws from the next offset. z is recovered from the step's output."""
+    from kernelkit.reference.philox import normal4
+
+    coeffs = DDPMScheduler().coefficients("cuda")
+    eps, x, _ = _inputs((n + 1,), "cuda", dtype)
+    if view:  # one element in: not aligned to a 4-element chunk
+        eps, x = eps[1:], x[1:]
+    else:
+        eps, x = eps[:n], x[:n]
+    t = torch.tensor(50, device="cuda")
+    std = coeffs[50][4].double().item()
+    g = torch.Generator("cuda").manual_seed(0x5EED_1234)
+    base = ref(eps.double(), t, x.double(), coeffs, torch.zeros_like(x, dtype=torch.float64))
+    double = dtype == torch.float64
+    for call, offset in enumerate((0, 8 if double else 4)):
+        out = kd.ddpm_step(eps, t, x, coeffs, generator=g)
+        got = (out.double() - base) / std
+        z, r = normal4(0x5EED_1234, torch.arange((n + 3) // 4), offset, double)
+        z, r = z.reshape(-1)[:n], r.reshape(-1)[:n]
+        if double:
+            tol = 1e-11 * (1 + z.abs())
+        else:  # the float transform's bound (sample_normal's test) plus the step's rounding, over std
+            tol = 3e-6 * (1 + z.abs()) + 5e-7 / r.clamp(min=1e-3) + 2.0 ** -20 * (1 + base.abs().cpu()) / std
+        worst = ((got.cpu() - z).abs() / tol).max().item()
+        assert worst <= 1, f"call {call}: error up to {worst:.2f}x the bound"
+
+
+@pytest.mark.gpu
 def test_cuda_graph_replays_read_timestep_and_draw_new_noise():
     coeffs = DDPMScheduler().coefficients("cuda")
     eps, x, z = _inputs((8, 16, 2), "cuda")

@@ -200,6 +200,25 @@ def test_more_than_2_31_elements(big_gpu_memory):
     assert_close(c[-(1 << 20):], torch.add(a[-(1 << 20):], b[-(1 << 20):]))
 
 
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_either_side_of_the_32_bit_index_limit(big_gpu_memory):
+    """common/elementwise.cuh indexes in 32 bits below kEwSmallIndexLimit = 2^31 - 2^16 elements and in
+    64 bits from there: the last elements on both sides of the switch, aligned and not."""
+    limit = (1 << 31) - (1 << 16)
+    big_gpu_memory(2 * 3 * (limit + 8))
+    a = torch.rand(limit + 8, dtype=torch.float16, device="cuda") + 0.5
+    b = torch.rand(limit + 8, dtype=torch.float16, device="cuda") + 0.5
+    tail = 1 << 20
+    for n in (limit - 1, limit):
+        for shift in (0, 1):  # 16-byte aligned, then one element off (element by element)
+            x, y = a[shift:shift + n], b[shift:shift + n]
+            c = ops.vector_add(x, y, alpha=2)
+            assert_close(c[-tail:], torch.add(x[-tail:], y[-tail:], alpha=2))
+            assert_close(c[:tail], torch.add(x[:tail], y[:tail], alpha=2))
+            del c
+
+
 def _hot_reload(tmp_path, edit_file, old, new):
     """Load an edited copy of the card; kernelkit.ops must call it, then the original again."""
     kdir = lib(CARD).card.dir

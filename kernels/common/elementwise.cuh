@@ -9,16 +9,16 @@
 //  - where DRAM outruns the SMs (H200): 16-byte accesses, 2 per thread, 128-thread blocks, the fewest
 //    instructions per byte once DRAM streams (8-byte accesses are 1-3% slower there); a single input
 //    below 32 MiB takes one 16-byte access per thread, 256-thread blocks (small sigmoids 2-3% faster);
-//  - elsewhere (H100): one access per thread, 256-thread blocks, of 8 bytes per input when several
-//    inputs stream (1-1.6% faster from 32 MiB: 2^28 float add 1041 vs 1058 us; torch.compile's
-//    autotuner compiles this shape there too; 512-thread blocks once an operand reaches 1 GiB), of 16
-//    bytes for a single input (a thread keeps 16 bytes of loads in flight; 8 cost sigmoid 6%, 512-thread
-//    blocks 1%). From 1 to 32 MiB, several inputs take 16-byte accesses, 4 per thread (1-3% faster than
-//    8-byte ones at 2^20-2^22 floats).
-// Unaligned pointers take single-element accesses. Tiles are 64-bit indexed and the block loop strides by
-// the grid, so any int64 size is covered even past the 2^31 - 1 block limit. `out` may alias an input
-// exactly (each element is read before it is written by the same thread); partial overlap is not
-// allowed.
+//  - elsewhere (H100): streaming (from 32 MiB), several inputs take one 8-byte access per input and
+//    thread, 256-thread blocks (1-1.6% faster: 2^28 float add 1041 vs 1058 us; torch.compile's autotuner
+//    compiles this shape there too; 512-thread blocks once an operand reaches 1 GiB); from 1 to 32 MiB,
+//    16-byte accesses, 4 per thread, 256 threads (1-3% faster than 8-byte ones at 2^20-2^22 floats);
+//    below 1 MiB, two inputs take the H200's 16 B x 2 x 128 (1.1-2.2% faster than 8-byte accesses at
+//    2^16-2^20, paired rounds) and three keep the 8-byte shape. A single input takes 16-byte accesses,
+//    one per thread, 256-thread blocks (a thread keeps 16 bytes of loads in flight; 8 cost sigmoid 6%,
+//    512-thread blocks 1%).
+// Unaligned pointers take single-element accesses. `out` may alias an input exactly (each element is read
+// before it is written by the same thread); partial overlap is not allowed.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +32,6 @@
 
 namespace kk {
 
-constexpr int kEwMaxBlock = 512;                     // the widest block launched below
 // Operand sizes (bytes) where the best shape changes (measured on an H100 and an H200, README):
 constexpr int64_t kEwMidOperand = int64_t{1} << 20;     // from 1 MiB: H100 several-input ops, 16 B x 4
 constexpr int64_t kEwStreamOperand = int64_t{32} << 20;  // from 32 MiB: DRAM streaming shapes
@@ -52,7 +51,8 @@ __device__ __forceinline__ A apply_acc(const F& f, const A (&x)[NIn]) {
 
 // A functor whose per-element form depends on device memory (ddpm_step's coefficients, indexed by a
 // timestep that lives on the device so a loop can be graph-captured) provides `__device__ G prepare()
-// const`, called once per thread; the kernel applies the G it returns. Other functors are used as given.
+// const`, called once per tile after the tile's loads are issued (so its dependent reads overlap them
+// rather than precede them); the kernel applies the G it returns. Other functors are used as given.
 template <typename F, typename = void> struct HasPrepare : std::false_type {};
 template <typename F>
 struct HasPrepare<F, std::void_t<decltype(std::declval<const F&>().prepare())>> : std::true_type {};
@@ -62,29 +62,38 @@ template <typename F> __device__ __forceinline__ auto prepared(const F& f) {
   else return f;
 }
 
-// W elements per access, U accesses per thread per tile, blockDim.x threads. Accesses [0, n / W) go
+// Index arithmetic of the kernel: 32-bit where every index fits (`Big` false: one tile per block, the
+// grid covers the tensor; the load addresses come a few dependent instructions sooner, which small
+// tensors feel: 1-2% on an H100 at 2^12-2^18 floats), else 64-bit with the block loop striding by the
+// grid (any int64 size, past the 2^31 - 1 block limit too).
+constexpr int64_t kEwSmallIndexLimit = (int64_t{1} << 31) - (int64_t{1} << 16);  // margin > B*U*W + B
+
+// W elements per access, U accesses per thread per tile, B threads per block. Accesses [0, n / W) go
 // through tiles; the last n % W elements (only when W > 1) are done one by one by block 0.
-template <typename T, int W, int U, int NIn, typename F>
-__global__ void __launch_bounds__(kEwMaxBlock) elementwise_kernel(T* out, InPtrs<T, NIn> in, int64_t n, F functor) {
+template <typename T, int W, int U, int B, int NIn, bool Big, typename F>
+__global__ void __launch_bounds__(B) elementwise_kernel(T* out, InPtrs<T, NIn> in, int64_t n64, F functor) {
   using A = acc_t<T>;
-  const auto f = prepared(functor);
+  using I = std::conditional_t<Big, int64_t, int32_t>;
   using VecT = Vec<T, W>;
-  const int64_t nacc = n / W;
-  const int64_t block = blockDim.x, tile_size = block * U;
-  for (int64_t tile = blockIdx.x; tile * tile_size < nacc; tile += gridDim.x) {
-    const int64_t base = tile * tile_size + threadIdx.x;
+  const I n = static_cast<I>(n64);
+  const I nacc = n / W;
+  constexpr I kTile = I{B} * U;
+  I tile = blockIdx.x;
+  do {  // every block of the grid (tile_grid) starts on a tile; only a Big launch may loop
+    const I base = tile * kTile + static_cast<I>(threadIdx.x);
     VecT x[U][NIn];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t i = base + u * block;
+      const I i = base + u * B;
       if (i < nacc) {
 #pragma unroll
         for (int k = 0; k < NIn; ++k) x[u][k] = reinterpret_cast<const VecT*>(in.p[k])[i];
       }
     }
+    const auto f = prepared(functor);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t i = base + u * block;
+      const I i = base + u * B;
       if (i < nacc) {
         VecT y;
 #pragma unroll
@@ -97,22 +106,28 @@ __global__ void __launch_bounds__(kEwMaxBlock) elementwise_kernel(T* out, InPtrs
         reinterpret_cast<VecT*>(out)[i] = y;
       }
     }
-  }
+    tile += gridDim.x;
+  } while (Big && tile * kTile < nacc);
   if constexpr (W > 1) {
-    const int64_t i = nacc * W + threadIdx.x;
+    const I i = nacc * W + static_cast<I>(threadIdx.x);
     if (blockIdx.x == 0 && i < n) {
       A a[NIn];
 #pragma unroll
       for (int k = 0; k < NIn; ++k) a[k] = to_acc(in.p[k][i]);
-      out[i] = from_acc<T>(apply_acc<NIn>(f, a));
+      out[i] = from_acc<T>(apply_acc<NIn>(prepared(functor), a));
     }
   }
 }
 
-template <typename T, int W, int U, int NIn, typename F>
-cudaError_t launch_elementwise_w(T* out, InPtrs<T, NIn> in, int64_t n, F f, int block, cudaStream_t stream) {
-  static_assert(W <= 128, "the scalar tail is done by one block");
-  elementwise_kernel<T, W, U, NIn, F><<<tile_grid(n / W, int64_t{block} * U), block, 0, stream>>>(out, in, n, f);
+template <typename T, int W, int U, int B, int NIn, typename F>
+cudaError_t launch_elementwise_w(T* out, InPtrs<T, NIn> in, int64_t n, F f, cudaStream_t stream) {
+  static_assert(W <= B, "the scalar tail is done by one block");
+  static_assert(int64_t{B} * U * W + B < (int64_t{1} << 16), "kEwSmallIndexLimit's margin");
+  const unsigned grid = tile_grid(n / W, int64_t{B} * U);
+  if (n < kEwSmallIndexLimit)
+    elementwise_kernel<T, W, U, B, NIn, false, F><<<grid, B, 0, stream>>>(out, in, n, f);
+  else
+    elementwise_kernel<T, W, U, B, NIn, true, F><<<grid, B, 0, stream>>>(out, in, n, f);
   return cudaGetLastError();
 }
 
@@ -124,19 +139,25 @@ cudaError_t launch_elementwise(T* out, InPtrs<T, NIn> in, int64_t n, F f, cudaSt
   const bool wide = dram_outruns_sms();
   const bool streaming = operand >= kEwStreamOperand;
   const bool mid = operand >= kEwMidOperand && !streaming;
-  const bool eight = NIn > 1 && !wide && !mid;  // the H100's several-input shape, small or streaming
+  // the H100's 8-byte shape: several inputs streaming, and three inputs below 1 MiB (kept from before the
+  // two-input change below, which was measured on add only; see README, ddpm_step)
+  const bool eight = NIn > 1 && !wide && (streaming || (NIn > 2 && !mid));
   bool aligned = is_aligned(out, eight ? 8 : kVecBytes);
   for (int k = 0; k < NIn; ++k) aligned = aligned && is_aligned(in.p[k], eight ? 8 : kVecBytes);
-  const int block = NIn > 1 && operand >= kEwLargeOperand ? 512 : 256;  // for one access per thread
-  if (!aligned) return launch_elementwise_w<T, 1, 1, NIn>(out, in, n, f, block, stream);
+  const bool big_block = NIn > 1 && operand >= kEwLargeOperand;  // one access per thread: 512 threads
+  if (!aligned)
+    return big_block ? launch_elementwise_w<T, 1, 1, 512, NIn>(out, in, n, f, stream)
+                     : launch_elementwise_w<T, 1, 1, 256, NIn>(out, in, n, f, stream);
   constexpr int W = vec_width<T>();
   if constexpr (NIn == 1) {
-    if (wide && streaming) return launch_elementwise_w<T, W, 2, NIn>(out, in, n, f, 128, stream);
-    return launch_elementwise_w<T, W, 1, NIn>(out, in, n, f, block, stream);
+    if (wide && streaming) return launch_elementwise_w<T, W, 2, 128, NIn>(out, in, n, f, stream);
+    return launch_elementwise_w<T, W, 1, 256, NIn>(out, in, n, f, stream);
   } else {
-    if (wide) return launch_elementwise_w<T, W, 2, NIn>(out, in, n, f, 128, stream);
-    if (mid) return launch_elementwise_w<T, W, 4, NIn>(out, in, n, f, 256, stream);
-    return launch_elementwise_w<T, vec_width<T, 8>(), 1, NIn>(out, in, n, f, block, stream);
+    if (mid && !wide) return launch_elementwise_w<T, W, 4, 256, NIn>(out, in, n, f, stream);
+    if (!eight) return launch_elementwise_w<T, W, 2, 128, NIn>(out, in, n, f, stream);
+    constexpr int W8 = vec_width<T, 8>();
+    return big_block ? launch_elementwise_w<T, W8, 1, 512, NIn>(out, in, n, f, stream)
+                     : launch_elementwise_w<T, W8, 1, 256, NIn>(out, in, n, f, stream);
   }
 }
 
