@@ -50,8 +50,8 @@ template <typename A> struct DdpmStepMath {
   }
 };
 
-// The step as an elementwise functor of (eps, x, z) for common/elementwise.cuh: the coefficient row of
-// the timestep read on the device is read once per thread.
+// The step as an elementwise functor of (eps, x, z) for common/elementwise.cuh: prepare() reads the
+// timestep and its coefficient row on the device, once per tile, after the tile's loads are issued.
 template <typename A> struct DdpmStepOp {
   const int64_t* timestep;
   const float* coeffs;

@@ -7,9 +7,9 @@ round after), so a slow spell, or a device state that lasts a few milliseconds (
 by ~0.5 us between such states), lands on all of them alike rather than on whichever was timed then,
 and no contender keeps a place in the round. A contender whose host side outlasts the flush
 (torch.compile on a slow host CPU) gets a GPU spin queued ahead of each timed call, so its device time
-is not inflated by its launch time; host time is reported apart. Every timed call's host time is
-checked against the device work queued ahead of it: a round with a late launch (a host stall) is left
-out, and the late contender's spin lengthened.
+is not inflated by its launch time; host time is reported apart. After every timed call the timer asks
+whether the device had already reached the call's start event (it then waited for the launch inside the
+timed span: a host stall); such a round is left out, and the late contender's spin lengthened.
 Optional CUDA-graph mode replays a captured call (no launch overhead). Host overhead (wall time per call
 on a tiny input, no sync) is measured separately against torch.add's. The floor is bytes moved / the
 device's bandwidth, measured once with a large device-to-device copy and cached. On a CPU the same
@@ -254,15 +254,13 @@ def time_cuda_together(fns: Fns, device=None, *, budget_ms: float = 100.0, warmu
 
         for name, fn in fns.items():
             try:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(5):
-                    if buf is not None:
-                        buf.zero_()
-                    fn()
-                end.record()
-                sync()
-                est[name] = start.elapsed_time(end) / 5 * 1e-3  # includes the flush, like do_bench's estimate
+                def five(fn=fn):
+                    for _ in range(5):
+                        if buf is not None:
+                            buf.zero_()
+                        fn()
+
+                est[name] = _event_us(five) / 5 * 1e-6  # includes the flush, like do_bench's estimate
                 for _ in range(max(1, int(warmup_ms * 1e-3 / max(est[name], 1e-9)))):
                     fn()
                 spin_us[name], events[name] = 0.0, []
