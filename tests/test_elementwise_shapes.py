@@ -1,6 +1,7 @@
 """common/elementwise.cuh picks its access shape by GPU and operand size (1 MiB and 32 MiB boundaries):
-every shape, with 1, 2 and 3 inputs, on sizes just either side of each boundary with ragged tails,
-against the references (CPU on CI for the same sizes, CUDA under `gpu`)."""
+every shape, with 1, 2 and 3 inputs, on sizes just either side of each boundary with ragged tails, and on
+sizes that every tile divides (the unmasked kernel), against the references (CPU on CI for the same sizes,
+CUDA under `gpu`)."""
 import pytest
 import torch
 
@@ -23,6 +24,13 @@ def sizes(dtype):
     return [per_mib - 3, per_mib + 5, 32 * per_mib - 3, 32 * per_mib + 5]
 
 
+def exact_sizes(dtype):
+    """Element counts that every tile (at most 4096 elements of 4 bytes, 8192 of 2) divides, small and at
+    each boundary, and one (512 elements of 4 bytes) that only the 8-byte tile divides."""
+    per_mib = MIB // torch.empty((), dtype=dtype).element_size()
+    return [512 * 4 // torch.empty((), dtype=dtype).element_size(), 1 << 14, 1 << 16, per_mib, 32 * per_mib]
+
+
 def poisoned(n, dtype, device):
     """A NaN-filled buffer with guard elements around an n-element output view."""
     buf = torch.full((n + 16,), float("nan"), dtype=dtype, device=device)
@@ -35,11 +43,14 @@ def guards_intact(buf, n):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float16), ids=str)
-def test_every_shape_and_tail(device, dtype):
+@pytest.mark.parametrize("which", ("ragged", "whole tiles"))
+def test_every_shape_and_tail(device, dtype, which):
+    if which == "whole tiles" and device == "cpu":
+        pytest.skip("the CPU loop has no tiles")
     g = torch.Generator().manual_seed(3)
     coeffs = DDPMScheduler().coefficients(device)
     t = torch.tensor(37, device=device)
-    for n in sizes(dtype):
+    for n in (sizes if which == "ragged" else exact_sizes)(dtype):
         a, b, c = (torch.randn(n, generator=g).to(device, dtype) for _ in range(3))
         buf, out = poisoned(n, dtype, device)
         ops.vector_add(a, b, alpha=0.5, out=out)

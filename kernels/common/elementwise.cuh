@@ -12,9 +12,11 @@
 //  - elsewhere (H100): streaming (from 32 MiB), several inputs take one 8-byte access per input and
 //    thread, 256-thread blocks (1-1.6% faster: 2^28 float add 1041 vs 1058 us; torch.compile's autotuner
 //    compiles this shape there too; 512-thread blocks once an operand reaches 1 GiB); from 1 to 32 MiB,
-//    16-byte accesses, 4 per thread, 256 threads (1-3% faster than 8-byte ones at 2^20-2^22 floats);
-//    below 1 MiB, two inputs take the H200's 16 B x 2 x 128 (1.1-2.2% faster than 8-byte accesses at
-//    2^16-2^20, paired rounds) and three keep the 8-byte shape. A single input takes 16-byte accesses,
+//    two inputs take 16-byte accesses, 4 per thread, 256 threads (1-3% faster than 8-byte ones at
+//    2^20-2^22 floats), three (ddpm_step, whose functor reads a coefficient row per tile) one 16-byte
+//    access per thread (at 2^20: 1.00x torch.compile, 16 B x 4 x 256 0.93x); below 1 MiB, two inputs
+//    take the H200's 16 B x 2 x 128 (1.1-2.2% faster than 8-byte accesses at 2^16-2^20, paired rounds)
+//    and three the 8-byte shape (16 B x 2 x 128 0.88-0.92x there). A single input takes 16-byte accesses,
 //    one per thread, 256-thread blocks (a thread keeps 16 bytes of loads in flight; 8 cost sigmoid 6%,
 //    512-thread blocks 1%).
 // Unaligned pointers take single-element accesses. `out` may alias an input exactly (each element is read
@@ -62,30 +64,34 @@ template <typename F> __device__ __forceinline__ auto prepared(const F& f) {
   else return f;
 }
 
-// Index arithmetic of the kernel: 32-bit where every index fits (`Big` false: one tile per block, the
-// grid covers the tensor; the load addresses come a few dependent instructions sooner, which small
-// tensors feel: 1-2% on an H100 at 2^12-2^18 floats), else 64-bit with the block loop striding by the
-// grid (any int64 size, past the 2^31 - 1 block limit too).
+// Index arithmetic of the kernel. Below kEwSmallIndexLimit elements indices are 32-bit and each block
+// does one tile (the load addresses come a few dependent instructions sooner, which small tensors feel:
+// 1-2% on an H100 at 2^12-2^18 floats); when the tiles also divide the tensor (`kEwExact`) there are no
+// bounds checks and no scalar tail, like inductor's unmasked kernels (2^16 float add on an H100: 1.011x
+// and 1.019x torch.compile in two probes, against 1.000x bounded). Above the limit (`kEwInt64`), 64-bit
+// indices and the block loop striding by the grid (any int64 size, past the 2^31 - 1 block limit too).
+enum EwIndex : int { kEwExact, kEwInt32, kEwInt64 };
 constexpr int64_t kEwSmallIndexLimit = (int64_t{1} << 31) - (int64_t{1} << 16);  // margin > B*U*W + B
 
 // W elements per access, U accesses per thread per tile, B threads per block. Accesses [0, n / W) go
 // through tiles; the last n % W elements (only when W > 1) are done one by one by block 0.
-template <typename T, int W, int U, int B, int NIn, bool Big, typename F>
+template <typename T, int W, int U, int B, int NIn, int Ix, typename F>
 __global__ void __launch_bounds__(B) elementwise_kernel(T* out, InPtrs<T, NIn> in, int64_t n64, F functor) {
   using A = acc_t<T>;
-  using I = std::conditional_t<Big, int64_t, int32_t>;
+  constexpr bool kBig = Ix == kEwInt64, kExact = Ix == kEwExact;
+  using I = std::conditional_t<kBig, int64_t, int32_t>;
   using VecT = Vec<T, W>;
   const I n = static_cast<I>(n64);
   const I nacc = n / W;
   constexpr I kTile = I{B} * U;
   I tile = blockIdx.x;
-  do {  // every block of the grid (tile_grid) starts on a tile; only a Big launch may loop
+  do {  // every block of the grid (tile_grid) starts on a tile; only a kEwInt64 launch may loop
     const I base = tile * kTile + static_cast<I>(threadIdx.x);
     VecT x[U][NIn];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const I i = base + u * B;
-      if (i < nacc) {
+      if (kExact || i < nacc) {
 #pragma unroll
         for (int k = 0; k < NIn; ++k) x[u][k] = reinterpret_cast<const VecT*>(in.p[k])[i];
       }
@@ -94,7 +100,7 @@ __global__ void __launch_bounds__(B) elementwise_kernel(T* out, InPtrs<T, NIn> i
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const I i = base + u * B;
-      if (i < nacc) {
+      if (kExact || i < nacc) {
         VecT y;
 #pragma unroll
         for (int j = 0; j < W; ++j) {
@@ -107,8 +113,8 @@ __global__ void __launch_bounds__(B) elementwise_kernel(T* out, InPtrs<T, NIn> i
       }
     }
     tile += gridDim.x;
-  } while (Big && tile * kTile < nacc);
-  if constexpr (W > 1) {
+  } while (kBig && tile * kTile < nacc);
+  if constexpr (W > 1 && !kExact) {
     const I i = nacc * W + static_cast<I>(threadIdx.x);
     if (blockIdx.x == 0 && i < n) {
       A a[NIn];
@@ -122,12 +128,20 @@ __global__ void __launch_bounds__(B) elementwise_kernel(T* out, InPtrs<T, NIn> i
 template <typename T, int W, int U, int B, int NIn, typename F>
 cudaError_t launch_elementwise_w(T* out, InPtrs<T, NIn> in, int64_t n, F f, cudaStream_t stream) {
   static_assert(W <= B, "the scalar tail is done by one block");
-  static_assert(int64_t{B} * U * W + B < (int64_t{1} << 16), "kEwSmallIndexLimit's margin");
+  constexpr int64_t kTileElems = int64_t{B} * U * W;
+  static_assert(kTileElems + B < (int64_t{1} << 16), "kEwSmallIndexLimit's margin");
   const unsigned grid = tile_grid(n / W, int64_t{B} * U);
-  if (n < kEwSmallIndexLimit)
-    elementwise_kernel<T, W, U, B, NIn, false, F><<<grid, B, 0, stream>>>(out, in, n, f);
-  else
-    elementwise_kernel<T, W, U, B, NIn, true, F><<<grid, B, 0, stream>>>(out, in, n, f);
+  if (n >= kEwSmallIndexLimit) {
+    elementwise_kernel<T, W, U, B, NIn, kEwInt64, F><<<grid, B, 0, stream>>>(out, in, n, f);
+    return cudaGetLastError();
+  }
+  if constexpr (W > 1) {  // single-element accesses (unaligned operands) keep the bounded kernel only
+    if (n % kTileElems == 0) {
+      elementwise_kernel<T, W, U, B, NIn, kEwExact, F><<<grid, B, 0, stream>>>(out, in, n, f);
+      return cudaGetLastError();
+    }
+  }
+  elementwise_kernel<T, W, U, B, NIn, kEwInt32, F><<<grid, B, 0, stream>>>(out, in, n, f);
   return cudaGetLastError();
 }
 
@@ -139,8 +153,7 @@ cudaError_t launch_elementwise(T* out, InPtrs<T, NIn> in, int64_t n, F f, cudaSt
   const bool wide = dram_outruns_sms();
   const bool streaming = operand >= kEwStreamOperand;
   const bool mid = operand >= kEwMidOperand && !streaming;
-  // the H100's 8-byte shape: several inputs streaming, and three inputs below 1 MiB (kept from before the
-  // two-input change below, which was measured on add only; see README, ddpm_step)
+  // the H100's 8-byte shape: several inputs streaming, and three inputs below 1 MiB
   const bool eight = NIn > 1 && !wide && (streaming || (NIn > 2 && !mid));
   bool aligned = is_aligned(out, eight ? 8 : kVecBytes);
   for (int k = 0; k < NIn; ++k) aligned = aligned && is_aligned(in.p[k], eight ? 8 : kVecBytes);
@@ -153,8 +166,14 @@ cudaError_t launch_elementwise(T* out, InPtrs<T, NIn> in, int64_t n, F f, cudaSt
     if (wide && streaming) return launch_elementwise_w<T, W, 2, 128, NIn>(out, in, n, f, stream);
     return launch_elementwise_w<T, W, 1, 256, NIn>(out, in, n, f, stream);
   } else {
-    if (mid && !wide) return launch_elementwise_w<T, W, 4, 256, NIn>(out, in, n, f, stream);
-    if (!eight) return launch_elementwise_w<T, W, 2, 128, NIn>(out, in, n, f, stream);
+    if (wide) return launch_elementwise_w<T, W, 2, 128, NIn>(out, in, n, f, stream);
+    if (mid) {
+      if constexpr (NIn == 2) return launch_elementwise_w<T, W, 4, 256, NIn>(out, in, n, f, stream);
+      else return launch_elementwise_w<T, W, 1, 256, NIn>(out, in, n, f, stream);
+    }
+    if constexpr (NIn == 2) {
+      if (!streaming) return launch_elementwise_w<T, W, 2, 128, NIn>(out, in, n, f, stream);
+    }
     constexpr int W8 = vec_width<T, 8>();
     return big_block ? launch_elementwise_w<T, W8, 1, 512, NIn>(out, in, n, f, stream)
                      : launch_elementwise_w<T, W8, 1, 256, NIn>(out, in, n, f, stream);
