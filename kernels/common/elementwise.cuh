@@ -68,8 +68,9 @@ template <typename F> __device__ __forceinline__ auto prepared(const F& f) {
 // does one tile (the load addresses come a few dependent instructions sooner, which small tensors feel:
 // 1-2% on an H100 at 2^12-2^18 floats); when the tiles also divide the tensor (`kEwExact`) there are no
 // bounds checks and no scalar tail, like inductor's unmasked kernels (2^16 float add on an H100: 1.011x
-// and 1.019x torch.compile in two probes, against 1.000x bounded). Above the limit (`kEwInt64`), 64-bit
-// indices and the block loop striding by the grid (any int64 size, past the 2^31 - 1 block limit too).
+// and 1.019x torch.compile in two probes, against 1.000x bounded; launch_elementwise_w says where not).
+// Above the limit (`kEwInt64`), 64-bit indices and the block loop striding by the grid (any int64 size,
+// past the 2^31 - 1 block limit too).
 enum EwIndex : int { kEwExact, kEwInt32, kEwInt64 };
 constexpr int64_t kEwSmallIndexLimit = (int64_t{1} << 31) - (int64_t{1} << 16);  // margin > B*U*W + B
 
@@ -135,7 +136,10 @@ cudaError_t launch_elementwise_w(T* out, InPtrs<T, NIn> in, int64_t n, F f, cuda
     elementwise_kernel<T, W, U, B, NIn, kEwInt64, F><<<grid, B, 0, stream>>>(out, in, n, f);
     return cudaGetLastError();
   }
-  if constexpr (W > 1) {  // single-element accesses (unaligned operands) keep the bounded kernel only
+  // Not for single-element accesses (unaligned operands), nor for functors with prepare(): without bounds
+  // checks the compiler issues the tile's loads after ddpm_step's timestep read returns (SASS), 0.90x
+  // torch.compile at 2048 elements on an H100 against 1.02x bounded.
+  if constexpr (W > 1 && !HasPrepare<F>::value) {
     if (n % kTileElems == 0) {
       elementwise_kernel<T, W, U, B, NIn, kEwExact, F><<<grid, B, 0, stream>>>(out, in, n, f);
       return cudaGetLastError();
