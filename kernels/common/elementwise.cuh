@@ -13,12 +13,15 @@
 //    thread, 256-thread blocks (1-1.6% faster: 2^28 float add 1041 vs 1058 us; torch.compile's autotuner
 //    compiles this shape there too; 512-thread blocks once an operand reaches 1 GiB); from 1 to 32 MiB,
 //    two inputs take 16-byte accesses, 4 per thread, 256 threads (1-3% faster than 8-byte ones at
-//    2^20-2^22 floats), three (ddpm_step, whose functor reads a coefficient row per tile) one 16-byte
-//    access per thread (at 2^20: 1.00x torch.compile, 16 B x 4 x 256 0.93x); below 1 MiB, two inputs
-//    take the H200's 16 B x 2 x 128 (1.1-2.2% faster than 8-byte accesses at 2^16-2^20, paired rounds)
-//    and three the 8-byte shape (16 B x 2 x 128 0.88-0.92x there). A single input takes 16-byte accesses,
-//    one per thread, 256-thread blocks (a thread keeps 16 bytes of loads in flight; 8 cost sigmoid 6%,
-//    512-thread blocks 1%).
+//    2^20-2^22 floats); below 1 MiB, two inputs take the H200's 16 B x 2 x 128 (1.1-2.2% faster than
+//    8-byte accesses at 2^16-2^20, paired rounds). A single input takes 16-byte accesses, one per thread,
+//    256-thread blocks (a thread keeps 16 bytes of loads in flight; 8 cost sigmoid 6%, 512-thread blocks
+//    1%);
+//  - three inputs (ddpm_step, whose functor reads a coefficient row per tile) take one 16-byte access per
+//    thread, 256-thread blocks, except on the H100 below 1 MiB and from 32 MiB (8-byte accesses). Measured
+//    against torch.compile from 32 floats to 2^24: 0.99-1.02x on the H200 (16 B x 2 x 128: 0.89-0.99x),
+//    and on the H100 16 B x 1 x 256 1.00-1.02x from 2^18 to 2^22 (16 B x 4 x 256: 0.87-0.97x), 8-byte
+//    1.02x below 1 MiB (16 B x 1 x 256: 0.99-1.00x).
 // Unaligned pointers take single-element accesses. `out` may alias an input exactly (each element is read
 // before it is written by the same thread); partial overlap is not allowed.
 #pragma once
@@ -170,13 +173,13 @@ cudaError_t launch_elementwise(T* out, InPtrs<T, NIn> in, int64_t n, F f, cudaSt
     if (wide && streaming) return launch_elementwise_w<T, W, 2, 128, NIn>(out, in, n, f, stream);
     return launch_elementwise_w<T, W, 1, 256, NIn>(out, in, n, f, stream);
   } else {
-    if (wide) return launch_elementwise_w<T, W, 2, 128, NIn>(out, in, n, f, stream);
-    if (mid) {
-      if constexpr (NIn == 2) return launch_elementwise_w<T, W, 4, 256, NIn>(out, in, n, f, stream);
-      else return launch_elementwise_w<T, W, 1, 256, NIn>(out, in, n, f, stream);
-    }
-    if constexpr (NIn == 2) {
-      if (!streaming) return launch_elementwise_w<T, W, 2, 128, NIn>(out, in, n, f, stream);
+    if (!eight) {
+      if constexpr (NIn == 2) {
+        return mid && !wide ? launch_elementwise_w<T, W, 4, 256, NIn>(out, in, n, f, stream)
+                            : launch_elementwise_w<T, W, 2, 128, NIn>(out, in, n, f, stream);
+      } else {
+        return launch_elementwise_w<T, W, 1, 256, NIn>(out, in, n, f, stream);
+      }
     }
     constexpr int W8 = vec_width<T, 8>();
     return big_block ? launch_elementwise_w<T, W8, 1, 512, NIn>(out, in, n, f, stream)
