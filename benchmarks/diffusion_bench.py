@@ -9,7 +9,9 @@ End-to-end contenders (median time per denoise loop, CUDA events, after warm-up)
   pytorch+graph         the pure-PyTorch loop captured as one CUDA graph (a reference point)
   kernelkit             fused Conv1dBlocks (+FiLM/residual epilogue) and fused DDPM step, Python loop
   kernelkit+graph       the kernelkit loop captured as one CUDA graph
-Per-op timings flush L2 before each call (the U-Net's 263 MB of weights never stay in L2 in a real loop).
+Per-op timings (kernelkit.bench.time_together: device time, contenders in turn, paired ratio to
+torch.compile with a 95% interval) flush L2 before each convolution (the U-Net's 263 MB of weights never
+stay in L2 in a real loop), not before the DDPM step (its coefficient table does).
 TF32 settings are PyTorch's defaults unless --no-tf32. Goals (reported, not asserted): kernelkit+graph
 >= 3x eager and >= 1.3x torch.compile at batch 1.
 """
@@ -26,6 +28,7 @@ from pathlib import Path
 import torch
 
 import kernelkit.diffusion as kd
+from kernelkit.bench import paired_ratio, time_together
 from kernelkit.reference import unet1d
 from kernelkit.reference.conv1d_gn_mish import conv1d_gn_mish as conv_ref
 from kernelkit.reference.ddpm_step import ddpm_step as step_ref
@@ -34,18 +37,15 @@ HORIZON, ACTION_DIM, OBS_DIM = 16, 2, 40
 _FLUSH = None
 
 
-def time_cuda(fn, reps: int, warmup: int = 2, flush: bool = False) -> dict:
-    """Median/min of ``reps`` calls timed with CUDA events (one pair per call)."""
-    global _FLUSH
-    if flush and _FLUSH is None:
-        _FLUSH = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+def loop_time_us(fn, reps: int, warmup: int = 2) -> dict:
+    """Median/min span of ``reps`` whole denoise loops between two CUDA events (one pair per loop). Unlike
+    the per-op timer (kernelkit.bench, which queues a spin so that only device time is timed), the span
+    includes the device waiting for the host's launches: what a caller of an eager loop waits for."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     samples = []
     for _ in range(reps):
-        if flush:
-            _FLUSH.zero_()
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
         fn()
@@ -53,6 +53,20 @@ def time_cuda(fn, reps: int, warmup: int = 2, flush: bool = False) -> dict:
         e.synchronize()
         samples.append(s.elapsed_time(e) * 1e3)
     return {"median_us": statistics.median(samples), "min_us": min(samples), "reps": reps}
+
+
+def time_ops(row: dict, contenders: dict, args, flush: bool) -> None:
+    """Device time per call of each contender, timed in turn (kernelkit.bench.time_together: L2 flushed
+    or not, shuffled rounds), into ``row``; plus kernelkit's paired ratio to torch.compile with its 95%
+    interval."""
+    res = time_together(contenders, "cuda", budget_ms=args.op_budget_ms, min_reps=args.op_reps, flush=flush)
+    for name, t in res.items():
+        if isinstance(t, Exception):
+            raise t
+        row[name] = t.median_us
+    if "torch.compile" in res:
+        r = paired_ratio(res["kernelkit"].samples_us, res["torch.compile"].samples_us)
+        row["vs_compile_paired"] = [r.median, r.lo, r.hi]
 
 
 def fmt_us(us):
@@ -90,8 +104,7 @@ def bench_ops(args, log) -> list:
                 contenders["torch.compile"] = lambda: conv_c(*a)
             row = {"op": "conv1d_gn_mish", "shape": f"B={batch} {cin}->{cout} L={length}",
                    "weight_mb": w.numel() * 4 / 1e6}
-            for name, fn in contenders.items():
-                row[name] = time_cuda(fn, args.op_reps, warmup=3, flush=True)["median_us"]
+            time_ops(row, contenders, args, flush=True)
             row["floor_us"] = (w.numel() + x.numel() + batch * cout * length) * 4 / (args.bandwidth_tbs * 1e12) * 1e6
             rows.append(row)
             log(f"  {row['shape']}: " + ", ".join(f"{k} {fmt_us(row[k])}" for k in contenders))
@@ -107,8 +120,7 @@ def bench_ops(args, log) -> list:
         if step_c is not None:
             contenders["torch.compile"] = lambda: step_c(eps, t, x, sched.coeffs, z)
         row = {"op": "ddpm_step", "shape": f"B={batch} {HORIZON}x{ACTION_DIM}"}
-        for name, fn in contenders.items():
-            row[name] = time_cuda(fn, args.op_reps, warmup=3)["median_us"]
+        time_ops(row, contenders, args, flush=False)  # the table stays in L2 in a loop
         rows.append(row)
         log(f"  ddpm_step {row['shape']}: " + ", ".join(f"{k} {fmt_us(row[k])}" for k in contenders))
     return rows
@@ -152,7 +164,7 @@ def bench_e2e(args, log) -> list:
                 t0 = time.perf_counter()
                 outputs[name] = fn().clone()  # first call: compiles / loads
                 warm_s = time.perf_counter() - t0
-                row[name] = time_cuda(fn, reps, warmup=1)["median_us"]
+                row[name] = loop_time_us(fn, reps, warmup=1)["median_us"]
                 log(f"  batch {batch} {name}: {fmt_us(row[name])} per loop (first call {warm_s:.1f} s)")
         ref_out = outputs["eager"]
         row["max_abs_diff_vs_eager"] = {k: float((v - ref_out).abs().max()) for k, v in outputs.items()}
@@ -167,13 +179,15 @@ def markdown(op_rows, e2e_rows) -> str:
     if op_rows:
         names = ["kernelkit", "kernelkit-fused", "kernelkit-philox", "eager", "torch.compile"]
         names = [n for n in names if any(n in r for r in op_rows)]
-        out += ["| op | shape | " + " | ".join(names) + " | floor | vs eager | vs compile |",
+        out += ["| op | shape | " + " | ".join(names) + " | floor | vs eager | vs compile (paired, 95% CI) |",
                 "|---|---|" + "---|" * (len(names) + 3)]
         for r in op_rows:
             kk = r["kernelkit"]
             vs = lambda k: f"{r[k] / kk:.2f}x" if r.get(k) else "-"  # noqa: E731
+            pr = r.get("vs_compile_paired")
+            vc = f"{pr[0]:.2f}x ({pr[1]:.2f}-{pr[2]:.2f})" if pr else "-"
             out.append(f"| {r['op']} | {r['shape']} | " + " | ".join(fmt_us(r.get(n)) for n in names)
-                       + f" | {fmt_us(r.get('floor_us'))} | {vs('eager')} | {vs('torch.compile')} |")
+                       + f" | {fmt_us(r.get('floor_us'))} | {vs('eager')} | {vc} |")
         out.append("")
     if e2e_rows:
         names = [k for k in ("eager", "torch.compile", "pytorch+graph", "kernelkit", "kernelkit+graph") if k in e2e_rows[0]]
@@ -194,7 +208,8 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path, help="write the results here")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 64])
     p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--op-reps", type=int, default=20)
+    p.add_argument("--op-reps", type=int, default=20, help="at least this many timed calls per op contender")
+    p.add_argument("--op-budget-ms", type=float, default=40.0, help="timed device time per op contender")
     p.add_argument("--e2e-reps", type=int, default=5)
     p.add_argument("--no-compile", dest="compile", action="store_false", help="skip torch.compile end to end")
     p.add_argument("--no-op-compile", dest="op_compile", action="store_false", help="skip torch.compile per op")
