@@ -698,14 +698,15 @@ def _bench_size(result: BenchResult, contenders: Dict[str, Callable], args: tupl
     rows = {cname: {"size": list(size), "numel": math.prod(size), "contender": cname} for cname in contenders}
     ready = {}
     for cname, fn in contenders.items():
-        try:
-            out = fn(*args)  # first call: compiles (torch.compile), loads, allocates
-            if moved is None:
+        if moved is None:  # the bytes moved, from the first output there is; time_together makes the
+            try:           # other first calls (compiles, loads) and reports their errors
+                out = fn(*args)
                 moved = int(bytes_moved(args, out))
-            del out
-            ready[cname] = lambda fn=fn: fn(*args)
-        except Exception as e:  # noqa: BLE001 - one contender failing must not lose the others
-            rows[cname]["error"] = e
+                del out
+            except Exception as e:  # noqa: BLE001 - one contender failing must not lose the others
+                rows[cname]["error"] = e
+                continue
+        ready[cname] = lambda fn=fn: fn(*args)
     samples: Dict[str, List[float]] = {}
     for cname, outcome in time_together(ready, result.device, **timing_kw).items():
         if isinstance(outcome, Exception):
