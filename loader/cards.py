@@ -122,12 +122,19 @@ def find(name: PathLike, kernels_dir=None) -> Card:
 
 
 def all_cards(kernels_dir=None) -> Dict[str, Card]:
-    """Every card on the search path (the first directory that has a name wins)."""
+    """Every card on the search path (the first directory that has a name wins).
+
+    A card is a ``.cu``/``.cpp`` file's stem, unless that file is one of the sources another card's spec
+    lists (a multi-file card's second translation unit is not a card of its own)."""
     out: Dict[str, Card] = {}
     for d in search_path(kernels_dir):
         if not d.is_dir():
             continue
-        for f in sorted(d.iterdir()):
-            if f.suffix in (".cu", ".cpp") and f.stem.isidentifier() and f.stem not in out:
-                out[f.stem] = _card(f.stem, d)
+        found = [_card(f.stem, d) for f in sorted(d.iterdir())
+                 if f.suffix in (".cu", ".cpp") and f.stem.isidentifier() and f.stem not in out]
+        parts = {s.resolve() for c in found if c.spec_path is not None for s in c.sources()
+                 if s.resolve().parent != d or s.stem != c.name}
+        for c in found:
+            if c.spec_path is not None or not any((d / f"{c.name}{x}") in parts for x in (".cu", ".cpp")):
+                out.setdefault(c.name, c)
     return out

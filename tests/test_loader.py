@@ -67,6 +67,27 @@ def test_hot_reload_after_header_edit(card_dir):
     torch.testing.assert_close(new.affine(X), affine_ref(X, scale=3.0))
 
 
+def test_multi_source_card_builds_and_its_second_file_is_no_card(card_dir):
+    # the loop moves to a second translation unit that the card's spec names
+    (card_dir / "affine_loop.cpp").write_text(
+        "#include \"affine_consts.h\"\n"
+        "void affine_loop(const float* x, float* y, long n) { for (long i = 0; i < n; ++i) y[i] = x[i] * SCALE + OFFSET; }\n")
+    (card_dir / "affine.cpp").write_text(
+        '#include "affine.h"\nvoid affine_loop(const float* x, float* y, long n);\n'
+        "void affine_cpu(const float* x, float* y, long n) { affine_loop(x, y, n); }\n")
+    (card_dir / "affine.py").write_text(
+        "import kernelkit\n"
+        "SPEC = kernelkit.Spec(name='affine', reference=lambda x: x * 2 + 1, make_inputs=None,\n"
+        "                      sources=['affine.cpp', 'affine_loop.cpp'])\n")
+    write_square(card_dir)  # a plain one-file card beside it stays a card
+    assert sorted(kernelkit.cards(card_dir)) == ["affine", "square"]
+    lib = kernelkit.load("affine", kernels_dir=card_dir)
+    torch.testing.assert_close(lib.affine(X), affine_ref(X))
+    loop = card_dir / "affine_loop.cpp"  # an edit of the second file reloads the card
+    loop.write_text(loop.read_text().replace("+ OFFSET", "- OFFSET"))
+    torch.testing.assert_close(kernelkit.load("affine", kernels_dir=card_dir).affine(X), X * 2 - 1)
+
+
 def test_refresh_reloads_edited_cards(card_dir):
     kernelkit.load("affine", kernels_dir=card_dir)
     src = card_dir / "affine.cpp"
