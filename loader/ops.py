@@ -42,15 +42,20 @@ def _bind(lib, op_names: Sequence[str]) -> None:
     overloads = {name: getattr(ops, name).default for name in op_names}
     with _BIND_LOCK:
         _CURRENT[lib.name] = overloads
-        _FAST[lib.name] = {name: fastcall.wrap(ov) for name, ov in overloads.items()}
+        _FAST[lib.name] = _callables(overloads)
         _BOUND_NS[lib.ns] = tuple(op_names)
+
+
+def _callables(overloads: Dict[str, torch._ops.OpOverload]) -> Dict[str, object]:
+    """The eager callables of ``overloads`` (fastcall's where its module is loaded)."""
+    return {name: fastcall.wrap(ov) for name, ov in overloads.items()}
 
 
 def _use_fastcall() -> None:
     """Rebind every card's ops to the fast call path (run by kernelkit.fastcall once its module loads)."""
     with _BIND_LOCK:
         for card, overloads in _CURRENT.items():
-            _FAST[card] = {name: fastcall.wrap(ov) for name, ov in overloads.items()}
+            _FAST[card] = _callables(overloads)
 
 
 def _on_activate(lib) -> None:
@@ -58,25 +63,23 @@ def _on_activate(lib) -> None:
         _bind(lib, _BOUND_NS[lib.ns])
 
 
-def _sync(card: str) -> None:
-    """Bind the card's newest build (kernelkit.library: loaded, and set up, on first use)."""
+def _sync(card: str):
+    """Bind the card's newest build (kernelkit.library: loaded, and set up, on first use); return it."""
     import kernelkit
 
     lib = kernelkit.library(card)
     if lib.ns in _BOUND_NS:
         _bind(lib, _BOUND_NS[lib.ns])
-        return
+        return lib
     module = lib.card.module() if getattr(lib, "card", None) is not None else None
     if module is None or not hasattr(module, "setup"):
         raise RuntimeError(f"kernelkit.ops: card {card!r} has no setup(lib) that binds its ops")
     module.setup(lib)  # normally already run by the loader; binds via _bind
+    return lib
 
 
 def _namespace(card: str) -> str:
-    import kernelkit
-
-    _sync(card)
-    return kernelkit.library(card).ns
+    return _sync(card).ns
 
 
 # Under torch.compile Dynamo runs this at trace time as an opaque call with a constant result, instead of
