@@ -18,10 +18,11 @@
 //    256-thread blocks (a thread keeps 16 bytes of loads in flight; 8 cost sigmoid 6%, 512-thread blocks
 //    1%);
 //  - three inputs (ddpm_step, whose functor reads a coefficient row per tile) take one 16-byte access per
-//    thread, 256-thread blocks, except on the H100 below 1 MiB and from 32 MiB (8-byte accesses). Measured
-//    against torch.compile from 32 floats to 2^24: 0.99-1.02x on the H200 (16 B x 2 x 128: 0.89-0.99x),
-//    and on the H100 16 B x 1 x 256 1.00-1.02x from 2^18 to 2^22 (16 B x 4 x 256: 0.87-0.97x), 8-byte
-//    1.02x below 1 MiB (16 B x 1 x 256: 0.99-1.00x).
+//    thread, 256-thread blocks, except below 1 MiB and, on the H100, from 32 MiB (8-byte accesses).
+//    Measured against torch.compile from 32 floats to 2^24: 16 B x 1 x 256 0.99-1.02x on the H200 from
+//    1 MiB (16 B x 2 x 128: 0.89-0.99x), and on the H100 1.00-1.02x from 2^18 to 2^22 (16 B x 4 x 256:
+//    0.87-0.97x). Below 1 MiB 8-byte accesses gain 1-3% on both GPUs (H100 1.02x where 16 B gave
+//    0.99-1.00x; H200 0.986/0.971/1.048x at 32/2048/28672 floats where 16 B gave 0.958/0.944/1.017x).
 // Unaligned pointers take single-element accesses. `out` may alias an input exactly (each element is read
 // before it is written by the same thread); partial overlap is not allowed.
 #pragma once
@@ -38,7 +39,7 @@
 namespace kk {
 
 // Operand sizes (bytes) where the best shape changes (measured on an H100 and an H200, README):
-constexpr int64_t kEwMidOperand = int64_t{1} << 20;     // from 1 MiB: H100 several-input ops, 16 B x 4
+constexpr int64_t kEwMidOperand = int64_t{1} << 20;     // from 1 MiB: two inputs 16 B x 4 (H100), three 16 B x 1
 constexpr int64_t kEwStreamOperand = int64_t{32} << 20;  // from 32 MiB: DRAM streaming shapes
 constexpr int64_t kEwLargeOperand = int64_t{1} << 30;   // from 1 GiB: the 8-byte shape takes 512 threads
 
@@ -160,8 +161,8 @@ cudaError_t launch_elementwise(T* out, InPtrs<T, NIn> in, int64_t n, F f, cudaSt
   const bool wide = dram_outruns_sms();
   const bool streaming = operand >= kEwStreamOperand;
   const bool mid = operand >= kEwMidOperand && !streaming;
-  // the H100's 8-byte shape: several inputs streaming, and three inputs below 1 MiB
-  const bool eight = NIn > 1 && !wide && (streaming || (NIn > 2 && !mid));
+  // 8-byte accesses: several inputs streaming on the H100; three inputs below 1 MiB on both GPUs
+  const bool eight = NIn > 1 && (streaming ? !wide : NIn > 2 && !mid);
   bool aligned = is_aligned(out, eight ? 8 : kVecBytes);
   for (int k = 0; k < NIn; ++k) aligned = aligned && is_aligned(in.p[k], eight ? 8 : kVecBytes);
   const bool big_block = NIn > 1 && operand >= kEwLargeOperand;  // one access per thread: 512 threads
