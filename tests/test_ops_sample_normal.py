@@ -307,6 +307,24 @@ def test_cuda_matches_reference_bits_many_blocks(dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d,n", [(2000, 1023), (200003, 3), (60001, 17), (7, 100003), (64, 1024)])
+def test_cuda_ragged_and_misaligned_match_reference_bits(d, n):
+    """Rows of n % 4 != 0 over many tiles (row ends inside a warp, rows shorter than a chunk, the last
+    tile ending mid-warp), and an output one element off 16-byte alignment (any n): every warp stores its
+    chunks' elements as one range; the samples are the documented draws and nothing outside is written."""
+    mu = torch.linspace(-2, 2, d, device="cuda")
+    sigma = torch.linspace(0.5, 1.5, d, device="cuda")
+    x = ops.sample_normal(mu, sigma, n, generator=torch.Generator(device="cuda").manual_seed(5))
+    rows = sorted({0, 1, 2, d // 3, d // 2, d - 2, d - 1} | {r for r in (1024 // ((n + 3) // 4), 8191) if r < d})
+    _check_against_reference(x, mu, sigma, 5, 0, rows=rows)
+    buf = torch.full((d * n + 2,), float("nan"), device="cuda")
+    out = buf[1:1 + d * n].view(d, n)  # 4 bytes past an allocation's alignment
+    ops.sample_normal(mu, sigma, n, generator=torch.Generator(device="cuda").manual_seed(5), out=out)
+    assert torch.equal(out, x)
+    assert buf[0].isnan() and buf[-1].isnan()
+
+
+@pytest.mark.gpu
 def test_cuda_matches_reference_past_2_32_chunks(big_gpu_memory):
     """d * n / 4 > 2^32: the 64-bit row division and subsequences past 32 bits (32 GiB in float16)."""
     d, n = (1 << 18) + 3, 1 << 16

@@ -1,4 +1,4 @@
-// Launch math for grid-stride kernels: 64-bit indices, grids sized to fill the device once.
+// Launch math: per-device properties (cached), tile grids, 64-bit thread indices.
 #pragma once
 
 #include <atomic>
@@ -62,26 +62,6 @@ constexpr int64_t kMaxGrid = 0x7fffffff;  // gridDim.x limit
 inline unsigned tile_grid(int64_t work, int64_t tile) {
   const int64_t tiles = (work + tile - 1) / tile;
   return static_cast<unsigned>(tiles < 1 ? 1 : (tiles < kMaxGrid ? tiles : kMaxGrid));
-}
-
-// Blocks for `work` independent items with `block` threads each handling one item per grid-stride
-// step: enough blocks to cover the work, capped at `waves` full waves of the device (the grid-stride
-// loop covers the rest, so any int64 size is handled). At least 1.
-inline unsigned grid_for(int64_t work, int block = kBlockSize, int waves = 1) {
-  const int64_t blocks_per_sm = 2048 / block;  // resident threads per SM on sm_80/sm_90
-  const int64_t cap = static_cast<int64_t>(sm_count()) * blocks_per_sm * waves;
-  int64_t need = (work + block - 1) / block;
-  if (need < 1) need = 1;
-  return static_cast<unsigned>(need < cap ? need : cap);
-}
-
-// Blocks of `block` threads of `kernel` resident on one SM (occupancy API), cached per device in `cache`
-// (give each kernel its own cache, e.g. a function-local static in the launcher template). At least 1.
-inline int resident_blocks_per_sm(const void* kernel, int block, std::atomic<int> (&cache)[kMaxDevices]) {
-  return per_device(cache, 1, [&](int) {
-    int n = 0;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block, 0) == cudaSuccess ? n : 0;
-  });
 }
 
 #if defined(__CUDACC__)
