@@ -281,7 +281,7 @@ def _check_against_reference(x, mu, sigma, seed, offset, rows=None):
 @pytest.mark.parametrize("d,n", [(37, 1024), (5, 4), (300, 12), (37, 13), (3, 4097), (7, 1)])
 def test_cuda_matches_reference_bits(dtype, d, n):
     """Every element is the documented Philox draw: right subsequence, offset, row, transform; flat
-    (n % 4 == 0) and ragged-row kernels alike; the generator advances between calls."""
+    (n % 4 == 0) and ragged rows alike; the generator advances between calls."""
     mu = (torch.arange(d, dtype=torch.float64) * 0.25 - 4).to(dtype).cuda()  # distinct per row
     sigma = (1 + torch.arange(d, dtype=torch.float64) / d).to(dtype).cuda()
     g = torch.Generator(device="cuda").manual_seed(0x1234_5678_9ABC)
