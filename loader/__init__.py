@@ -6,7 +6,7 @@ from .api import BuildInfo, autoreload, library, load, load_inline, refresh, rel
 from .build import STATS  # noqa: E402
 from .cache import cache_dir  # noqa: E402
 from .cards import Card, all_cards as cards  # noqa: E402
-from .errors import BuildError, CacheSecurityError, KernelkitError, LockTimeout  # noqa: E402
+from .errors import BuildError, CacheSecurityError, CacheUnwritable, KernelkitError, LockTimeout  # noqa: E402
 from .library import Library  # noqa: E402
 from .spec import Spec  # noqa: E402
 

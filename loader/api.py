@@ -56,10 +56,11 @@ def _write_source(text: str, filename: str) -> Path:
     d = cache.subdir("src") / sha256_bytes(text.encode(), filename.encode())[:24]
     path = d / filename
     if not path.is_file():
-        d.mkdir(exist_ok=True, mode=0o700)
-        tmp = d / f".{filename}.{os.getpid()}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        with cache.writing(d):
+            d.mkdir(exist_ok=True, mode=0o700)
+            tmp = d / f".{filename}.{os.getpid()}.tmp"
+            tmp.write_text(text)
+            os.replace(tmp, path)
     return path
 
 

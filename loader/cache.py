@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
-from .errors import CacheSecurityError, LockTimeout
+from .errors import CacheSecurityError, CacheUnwritable, LockTimeout
 from .sources import sha256_file
 
 log = logging.getLogger("kernelkit")
@@ -43,10 +43,25 @@ def cache_dir() -> Path:
         root = Path(platformdirs.user_cache_dir("kernelkit", appauthor=False))
     root = root / LAYOUT
     if not root.is_dir():
-        root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(root, 0o700)
+        with writing(root):
+            root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.chmod(root, 0o700)
     check_safe(root)
     return root
+
+
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Turn an OSError from creating or writing ``path`` in the cache into an error that says what to do."""
+    try:
+        yield
+    except TimeoutError:  # an OSError too: filelock.Timeout, another process holds the lock
+        raise
+    except OSError as e:
+        raise CacheUnwritable(
+            f"kernelkit cannot write its cache at {path}: {e.strerror or e}. Builds need a writable cache "
+            "(loading cached builds only reads it): point KERNELKIT_CACHE_DIR at a directory of your own."
+        ) from None
 
 
 def check_safe(path: Path) -> None:
@@ -66,7 +81,9 @@ def check_safe(path: Path) -> None:
 
 def subdir(name: str) -> Path:
     d = cache_dir() / name
-    d.mkdir(exist_ok=True, mode=0o700)
+    if not d.is_dir():
+        with writing(d):
+            d.mkdir(exist_ok=True, mode=0o700)
     return d
 
 
@@ -81,7 +98,8 @@ def locked(key: str, what: str, on_wait=None) -> Iterator[None]:
 
     lock = filelock.FileLock(str(subdir("locks") / f"{key}.lock"), mode=0o600)
     try:
-        lock.acquire(timeout=0)
+        with writing(Path(lock.lock_file)):
+            lock.acquire(timeout=0)
     except filelock.Timeout:
         if on_wait:
             on_wait()
@@ -98,7 +116,9 @@ def locked(key: str, what: str, on_wait=None) -> Iterator[None]:
 
 
 def private_tmpdir(prefix: str) -> Path:
-    return Path(tempfile.mkdtemp(prefix=prefix, dir=subdir("tmp")))
+    tmp = subdir("tmp")
+    with writing(tmp):
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=tmp))
 
 
 def publish_file(tmp: Path, final: Path) -> None:

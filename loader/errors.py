@@ -14,6 +14,10 @@ class CacheSecurityError(KernelkitError):
     """A cache entry is owned by another user or writable by others: it is never loaded."""
 
 
+class CacheUnwritable(KernelkitError):
+    """The cache directory cannot be created or written (a build needs it; a warm load only reads)."""
+
+
 class LockTimeout(KernelkitError):
     """Another process held the build lock for longer than the timeout."""
 

@@ -80,12 +80,31 @@ def test_multi_source_card_builds_and_its_second_file_is_no_card(card_dir):
         "SPEC = kernelkit.Spec(name='affine', reference=lambda x: x * 2 + 1, make_inputs=None,\n"
         "                      sources=['affine.cpp', 'affine_loop.cpp'])\n")
     write_square(card_dir)  # a plain one-file card beside it stays a card
-    assert sorted(kernelkit.cards(card_dir)) == ["affine", "square"]
+    (card_dir / "broken.cpp").write_text("// its spec fails to import: listed, and fails when it is loaded\n")
+    (card_dir / "broken.py").write_text("raise RuntimeError('broken spec')\n")
+    assert sorted(kernelkit.cards(card_dir)) == ["affine", "broken", "square"]
     lib = kernelkit.load("affine", kernels_dir=card_dir)
     torch.testing.assert_close(lib.affine(X), affine_ref(X))
     loop = card_dir / "affine_loop.cpp"  # an edit of the second file reloads the card
     loop.write_text(loop.read_text().replace("+ OFFSET", "- OFFSET"))
     torch.testing.assert_close(kernelkit.load("affine", kernels_dir=card_dir).affine(X), X * 2 - 1)
+
+
+def test_unwritable_cache_fails_a_build_clearly_and_poisons_nothing(card_dir, monkeypatch):
+    lib = kernelkit.load("affine", kernels_dir=card_dir)
+    src = card_dir / "affine.cpp"
+    # an edit no other test makes, so the build is not already in the session's cache
+    src.write_text(src.read_text().replace("x[i] * SCALE + OFFSET", "x[i] * SCALE + OFFSET + 0.25f"))
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(cache.tempfile, "mkdtemp", denied)  # as in a read-only cache directory
+    with pytest.raises(kernelkit.CacheUnwritable, match=r"tmp: Permission denied.*KERNELKIT_CACHE_DIR"):
+        kernelkit.load("affine", kernels_dir=card_dir)
+    torch.testing.assert_close(lib.affine(X), affine_ref(X))  # the loaded build still runs
+    monkeypatch.undo()
+    torch.testing.assert_close(kernelkit.load("affine", kernels_dir=card_dir).affine(X), X * 2 + 1.25)
 
 
 def test_refresh_reloads_edited_cards(card_dir):

@@ -129,6 +129,13 @@ def test_cache_dir_env_override(tmp_path, monkeypatch):
     assert oct(os.stat(kernelkit.cache_dir()).st_mode & 0o777) == "0o700"
 
 
+def test_uncreatable_cache_dir_names_the_fix(tmp_path, monkeypatch):
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "afile" / "cache"))
+    with pytest.raises(kernelkit.CacheUnwritable, match=r"afile/cache/v1: Not a directory.*KERNELKIT_CACHE_DIR"):
+        kernelkit.cache_dir()
+
+
 def test_world_writable_cache_root_refused(tmp_path, monkeypatch):
     root = tmp_path / "shared" / "v1"
     root.mkdir(parents=True)
