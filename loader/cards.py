@@ -121,6 +121,10 @@ def find(name: PathLike, kernels_dir=None) -> Card:
     raise KernelkitError(f"no card named {name!r}: looked for {name}.cu / {name}.cpp in " + ", ".join(map(str, dirs)))
 
 
+def _own_files(card: Card) -> set:
+    return {card.dir / f"{card.name}{ext}" for ext in (".cu", ".cpp")}
+
+
 def _listed_sources(card: Card) -> List[Path]:
     """The card's sources, or none if its spec does not import (that error is the card's own: it shows when
     the card is loaded, not while the others are listed)."""
@@ -141,9 +145,11 @@ def all_cards(kernels_dir=None) -> Dict[str, Card]:
             continue
         found = [_card(f.stem, d) for f in sorted(d.iterdir())
                  if f.suffix in (".cu", ".cpp") and f.stem.isidentifier() and f.stem not in out]
-        parts = {s.resolve() for c in found if c.spec_path is not None for s in _listed_sources(c)
-                 if s.resolve().parent != d or s.stem != c.name}
+        parts = set()  # files that cards with a spec list besides their own
         for c in found:
-            if c.spec_path is not None or not any((d / f"{c.name}{x}") in parts for x in (".cu", ".cpp")):
+            if c.spec_path is not None:
+                parts |= {s.resolve() for s in _listed_sources(c)} - _own_files(c)
+        for c in found:
+            if c.spec_path is not None or not _own_files(c) & parts:
                 out.setdefault(c.name, c)
     return out
