@@ -81,7 +81,14 @@ __global__ void __launch_bounds__(kThreads) conv1d_partial_kernel(const float* _
 #pragma unroll 4
     for (int e = threadIdx.x; e < kCoTile * seg; e += kThreads) {
       const int c = e / seg, r = e - c * seg;  // r fastest: coalesced reads along the weight row
-      w_s[r * kWRow + c] = co0 + c < Cout ? w[(co0 + c) * Cin * K + ci0 * K + r] : 0.f;
+      int row = r;                             // (ci, k) row of the tile: ci * K + k
+      int64_t src = ci0 * K + r;
+      if (s.w_channels_last) {                 // the row holds K runs of the chunk's nci channels
+        const int k = r / nci, ci = r - k * nci;
+        row = ci * K + k;
+        src = k * Cin + ci0 + ci;
+      }
+      w_s[row * kWRow + c] = co0 + c < Cout ? w[(co0 + c) * Cin * K + src] : 0.f;
     }
     for (int e = threadIdx.x; e < BT * cich * xw; e += kThreads) {
       const int j = e % xw, rest = e / xw, ci = rest % cich, bb = rest / cich;
@@ -133,7 +140,7 @@ cudaError_t launch_partial(const float* x, const float* w, float* ws, const Conv
 // ---- phase 2 ---------------------------------------------------------------------------------------
 
 constexpr int kGnThreads = 256;
-constexpr int kGnRegs = 8;  // slabs up to kGnRegs * kGnThreads values stay in registers
+constexpr int kGnMaxRegs = 8;  // slabs up to kGnMaxRegs * kGnThreads values stay in registers
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -152,74 +159,123 @@ __device__ __forceinline__ float block_sum(float v, float* sh) {
   return r;
 }
 
-__device__ __forceinline__ float mish(float v) { return v * tanhf(log1pf(expf(v))); }
+// mish(v) = v * tanh(softplus(v)), with tanh(log1p(t)) = (t^2 + 2t) / (t^2 + 2t + 2) for t = e^v: one
+// exponential and one division instead of three transcendentals. Above 20, tanh(softplus(v)) is 1 in
+// float (and t^2 would leave __fdividef's range); v = -inf gives NaN, as torch's mish does.
+__device__ __forceinline__ float mish(float v) {
+  if (v > 20.f) return v;
+  const float t = expf(v), n = t * (t + 2.f);
+  return v * __fdividef(n, n + 2.f);
+}
 
-struct GnArgs {
+// Where the convolution's values come from (bias excluded): the splits of phase 1 summed, or, for a
+// convolution with few taps (Cin * K), computed right here from x and W (one kernel, no workspace).
+struct SplitSum {
   const float* ws;
   int splits;
-  int64_t split_stride;
-  const float* bias;
-  const float* gamma;
-  const float* beta;
-  GnMishEpilogue epi;
-  float* out;
-  int64_t C, L, groups;
-  float eps;
+  int64_t split_stride, sb, sc, sl;  // ws[s][b][c][l] at s * split_stride + b * sb + c * sc + l * sl
+  __device__ __forceinline__ float operator()(int64_t b, int64_t c, int64_t l) const {
+    const float* p = ws + b * sb + c * sc + l * sl;
+    float y = 0.f;
+    for (int s = 0; s < splits; ++s) y += __ldg(p + s * split_stride);
+    return y;
+  }
 };
 
-// Slab of one (batch, group): cg * L contiguous values at `base` in ws and out.
-__device__ __forceinline__ float gn_load(const GnArgs& a, int64_t base, int64_t c0, int64_t e) {
-  float y = a.bias != nullptr ? a.bias[c0 + e / a.L] : 0.f;
-  for (int s = 0; s < a.splits; ++s) y += a.ws[s * a.split_stride + base + e];
-  return y;
+struct DirectConv {
+  const float* x;  // (B, Cin, L)
+  const float* w;  // (Cout, Cin, K), or stored (Cout, K, Cin): w_sci, w_sk
+  int64_t cin, L, w_sci, w_sk;
+  int K;
+  __device__ __forceinline__ float operator()(int64_t b, int64_t c, int64_t l) const {
+    const int pad = K / 2;
+    const float* xb = x + b * cin * L + l - pad;
+    const float* wc = w + c * cin * K;
+    const int64_t lo = pad - l, hi = L - l + pad;  // taps that land inside [0, L)
+    const int k0 = lo > 0 ? static_cast<int>(lo) : 0, k1 = hi < K ? static_cast<int>(hi) : K;
+    float y = 0.f;
+    for (int64_t ci = 0; ci < cin; ++ci)
+      for (int k = k0; k < k1; ++k) y = fmaf(__ldg(wc + ci * w_sci + k * w_sk), __ldg(xb + ci * L + k), y);
+    return y;
+  }
+};
+
+// Everything one output element needs besides the group's statistics; loaded before the reductions so
+// that their latency overlaps the convolution's values instead of following the statistics.
+struct GnElem {
+  float y, gamma, beta, scale, shift, residual;
+};
+
+// y (the convolution plus bias) at (b, c, l).
+template <typename Src>
+__device__ __forceinline__ float gn_y(const GnMishParams& a, const Src& src, int64_t b, int64_t c, int64_t l) {
+  return src(b, c, l) + (a.bias != nullptr ? __ldg(a.bias + c) : 0.f);
 }
 
-__device__ __forceinline__ void gn_store(const GnArgs& a, int64_t b, int64_t base, int64_t c0, int64_t e, float y,
-                                         float mean, float rstd) {
-  const int64_t c = c0 + e / a.L;
-  float v = mish((y - mean) * rstd * a.gamma[c] + a.beta[c]);
-  if (a.epi.scale != nullptr) v = v * a.epi.scale[b * a.epi.scale_sb + c * a.epi.scale_sc];
-  if (a.epi.shift != nullptr) v = v + a.epi.shift[b * a.epi.shift_sb + c * a.epi.shift_sc];
-  if (a.epi.residual != nullptr) v = v + a.epi.residual[base + e];
-  a.out[base + e] = v;
+__device__ __forceinline__ GnElem gn_operands(const GnMishParams& a, int64_t b, int64_t base, int64_t c, int64_t e) {
+  const GnMishEpilogue& p = a.epi;
+  GnElem v;
+  v.y = 0.f;
+  v.gamma = __ldg(a.gamma + c);
+  v.beta = __ldg(a.beta + c);
+  v.scale = p.scale != nullptr ? __ldg(p.scale + b * p.scale_sb + c * p.scale_sc) : 1.f;
+  v.shift = p.shift != nullptr ? __ldg(p.shift + b * p.shift_sb + c * p.shift_sc) : 0.f;
+  v.residual = p.residual != nullptr ? __ldg(p.residual + base + e) : 0.f;
+  return v;
 }
 
-__global__ void __launch_bounds__(kGnThreads) gn_mish_kernel(GnArgs a) {
+// The epilogue in the reference's order: FiLM scale, then shift, then residual.
+__device__ __forceinline__ float gn_out(const GnElem& v, float mean, float rstd) {
+  return mish((v.y - mean) * rstd * v.gamma + v.beta) * v.scale + v.shift + v.residual;
+}
+
+// A block per (batch, group): the slab of cg * L contiguous values at `base` in out (and in ws). A slab of
+// up to R * kGnThreads values stays in registers, R values per thread (R as small as the slab allows: fewer
+// registers, more blocks resident per SM); R = 0: larger slabs, staged in `out`.
+template <int R, typename Src>
+__global__ void __launch_bounds__(kGnThreads) gn_mish_kernel(const GnMishParams a, Src src) {
   __shared__ float sh[32];
   const int64_t b = blockIdx.x / a.groups, g = blockIdx.x % a.groups;
   const int64_t cg = a.C / a.groups, n = cg * a.L, c0 = g * cg;
   const int64_t base = (b * a.C + c0) * a.L;
   const float inv_n = 1.f / static_cast<float>(n);
   const int tid = threadIdx.x, bd = blockDim.x;
-  if (n <= static_cast<int64_t>(kGnRegs) * bd) {  // values stay in registers: one read of the workspace
-    float v[kGnRegs];
+  if constexpr (R > 0) {  // values stay in registers: one read of everything
+    const int n32 = static_cast<int>(n), L32 = static_cast<int>(a.L);
+    GnElem v[R];  // slots past the slab's end stay unset and unread
     float sum = 0.f;
 #pragma unroll
-    for (int j = 0; j < kGnRegs; ++j) {
-      const int64_t e = tid + static_cast<int64_t>(j) * bd;
-      v[j] = e < n ? gn_load(a, base, c0, e) : 0.f;
-      sum += v[j];
+    for (int j = 0; j < R; ++j) {
+      const int e = tid + j * bd;
+      if (e < n32) {
+        const int c_local = e / L32;
+        v[j] = gn_operands(a, b, base, c0 + c_local, e);
+        v[j].y = gn_y(a, src, b, c0 + c_local, e - c_local * L32);
+        sum += v[j].y;
+      }
     }
     const float mean = block_sum(sum, sh) * inv_n;
     float sq = 0.f;
 #pragma unroll
-    for (int j = 0; j < kGnRegs; ++j) {
-      const int64_t e = tid + static_cast<int64_t>(j) * bd;
-      const float d = v[j] - mean;
-      sq += e < n ? d * d : 0.f;
+    for (int j = 0; j < R; ++j) {
+      if (tid + j * bd < n32) {
+        const float d = v[j].y - mean;
+        sq += d * d;
+      }
     }
     const float rstd = rsqrtf(block_sum(sq, sh) * inv_n + a.eps);
 #pragma unroll
-    for (int j = 0; j < kGnRegs; ++j) {
-      const int64_t e = tid + static_cast<int64_t>(j) * bd;
-      if (e < n) gn_store(a, b, base, c0, e, v[j], mean, rstd);
+    for (int j = 0; j < R; ++j) {
+      const int e = tid + j * bd;
+      if (e < n32) a.out[base + e] = gn_out(v[j], mean, rstd);
     }
     return;
   }
   // Large slab: stage y in `out` (each element is read back by the thread that wrote it).
   float sum = 0.f;
   for (int64_t e = tid; e < n; e += bd) {
-    const float y = gn_load(a, base, c0, e);
+    const int64_t c_local = e / a.L;
+    const float y = gn_y(a, src, b, c0 + c_local, e - c_local * a.L);
     a.out[base + e] = y;
     sum += y;
   }
@@ -230,7 +286,24 @@ __global__ void __launch_bounds__(kGnThreads) gn_mish_kernel(GnArgs a) {
     sq += d * d;
   }
   const float rstd = rsqrtf(block_sum(sq, sh) * inv_n + a.eps);
-  for (int64_t e = tid; e < n; e += bd) gn_store(a, b, base, c0, e, a.out[base + e], mean, rstd);
+  for (int64_t e = tid; e < n; e += bd) {
+    GnElem v = gn_operands(a, b, base, c0 + e / a.L, e);
+    v.y = a.out[base + e];
+    a.out[base + e] = gn_out(v, mean, rstd);
+  }
+}
+
+template <typename Src>
+cudaError_t launch_gn_mish(const Src& src, const GnMishParams& p, cudaStream_t stream) {
+  if (p.B <= 0 || p.C <= 0 || p.L <= 0) return cudaSuccess;
+  const int64_t n = p.C / p.groups * p.L;
+  const unsigned grid = static_cast<unsigned>(p.B * p.groups);
+  if (n <= 1 * kGnThreads) gn_mish_kernel<1><<<grid, kGnThreads, 0, stream>>>(p, src);
+  else if (n <= 2 * kGnThreads) gn_mish_kernel<2><<<grid, kGnThreads, 0, stream>>>(p, src);
+  else if (n <= 4 * kGnThreads) gn_mish_kernel<4><<<grid, kGnThreads, 0, stream>>>(p, src);
+  else if (n <= kGnMaxRegs * kGnThreads) gn_mish_kernel<kGnMaxRegs><<<grid, kGnThreads, 0, stream>>>(p, src);
+  else gn_mish_kernel<0><<<grid, kGnThreads, 0, stream>>>(p, src);
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -253,13 +326,15 @@ cudaError_t conv1d_partial_cuda(const float* x, const float* w, float* ws, Conv1
   }
 }
 
-cudaError_t gn_mish_cuda(const float* ws, int splits, const float* bias, const float* gamma, const float* beta,
-                         GnMishEpilogue epi, float* out, int64_t B, int64_t C, int64_t L, int64_t groups, float eps,
+cudaError_t gn_mish_cuda(const float* ws, int splits, const int64_t* ws_strides, const GnMishParams& p,
                          cudaStream_t stream) {
-  if (B <= 0 || C <= 0 || L <= 0) return cudaSuccess;
-  const GnArgs a{ws, splits, B * C * L, bias, gamma, beta, epi, out, C, L, groups, eps};
-  gn_mish_kernel<<<static_cast<unsigned>(B * groups), kGnThreads, 0, stream>>>(a);
-  return cudaGetLastError();
+  return launch_gn_mish(SplitSum{ws, splits, p.B * p.C * p.L, ws_strides[0], ws_strides[1], ws_strides[2]}, p, stream);
+}
+
+cudaError_t conv_gn_mish_direct_cuda(const float* x, const float* w, const Conv1dShape& s, const GnMishParams& p,
+                                     cudaStream_t stream) {
+  const int64_t w_sci = s.w_channels_last ? 1 : s.K, w_sk = s.w_channels_last ? s.Cin : 1;
+  return launch_gn_mish(DirectConv{x, w, s.Cin, p.L, w_sci, w_sk, static_cast<int>(s.K)}, p, stream);
 }
 
 }  // namespace kk

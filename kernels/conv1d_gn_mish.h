@@ -8,7 +8,11 @@
 //
 // x (B, Cin, L), W (Cout, Cin, K) with K odd, Cout divisible by groups; float32 on CUDA.
 //
-// CUDA, two kernels per call (no memset, no atomics, deterministic):
+// CUDA (no memset, no atomics, deterministic), one of three paths:
+//  direct (one kernel, for convolutions with few taps Cin * K, like the U-Net's first layer): a block per
+//     (batch, group) computes its slab of the convolution straight from x and W, then GroupNorm + Mish +
+//     epilogue as in kernel 2 below.
+//  fused (two kernels):
 //  1. conv1d_partial: a block per (32 output channels, batch tile, length tile, input-channel split). The
 //     block stages a coalesced (32 co x ci-chunk x K) weight tile and the matching x window in shared
 //     memory; each lane owns one output channel, the 8 warps split the chunk's input channels and are
@@ -17,8 +21,10 @@
 //     each split writes its partial sums to a workspace.
 //  2. gn_mish: a block per (batch, group) sums the splits + bias, computes mean and variance exactly (two
 //     passes over values held in registers), normalises, applies gamma/beta, Mish and the epilogue.
-// For large B*L (impl=auto) the convolution runs through cuDNN (tensor cores; honours
-// torch.backends.cudnn.allow_tf32) and kernel 2 is its fused epilogue.
+//  cudnn: the convolution (without bias) through cuDNN (tensor cores; honours
+//     torch.backends.cudnn.allow_tf32), and kernel 2 is its fused epilogue, bias included.
+// impl=auto: direct for Cin * K <= 64 taps (while a block's share of the work stays small), else cuDNN
+// from B * L >= 256 output columns on, or for a large channels-last weight (see conv_pick_impl), else fused.
 // CPU: composed from ATen ops (conv1d, group_norm, mish), any floating dtype.
 #pragma once
 
@@ -30,13 +36,14 @@ namespace kk {
 
 struct Conv1dShape {
   int64_t B, Cin, Cout, L, K;
+  bool w_channels_last = false;  // W stored (Cout, K, Cin) (channels innermost) instead of (Cout, Cin, K)
 };
 
 // Input-channel splits phase 1 uses for this shape (the workspace holds splits * B * Cout * L floats).
 int conv1d_partial_splits(Conv1dShape s);
 
 // Phase 1: ws[s][b][co][l] = sum over the input channels of split s of W[co, ci, k] * x[b, ci, l + k - K/2].
-// x, W contiguous; `splits` from conv1d_partial_splits.
+// x contiguous, W contiguous in its layout (s.w_channels_last); `splits` from conv1d_partial_splits.
 cudaError_t conv1d_partial_cuda(const float* x, const float* w, float* ws, Conv1dShape s, int splits,
                                 cudaStream_t stream);
 
@@ -48,11 +55,27 @@ struct GnMishEpilogue {
   const float* residual = nullptr;  // (B, C, L) contiguous
 };
 
-// Phase 2: y = bias[c] + sum_{s < splits} ws[s][b][c][l]; out = epilogue(mish(GN(y) * gamma + beta)).
-// bias may be null. out may alias ws exactly when splits == 1.
-cudaError_t gn_mish_cuda(const float* ws, int splits, const float* bias, const float* gamma, const float* beta,
-                         GnMishEpilogue epi, float* out, int64_t B, int64_t C, int64_t L, int64_t groups, float eps,
+// Phase 2's operands besides the convolution's values: out (B, C, L) = epilogue(mish(GN(y) * gamma + beta))
+// with y = conv + bias[c]; bias may be null.
+struct GnMishParams {
+  const float* bias;
+  const float* gamma;
+  const float* beta;
+  GnMishEpilogue epi;
+  float* out;
+  int64_t B, C, L, groups;
+  float eps;
+};
+
+// Phase 2 over phase 1's (or cuDNN's) values: conv = sum_{s < splits} ws[s][b][c][l], splits B * C * L
+// apart, (b, c, l) at the strides ws_strides[0..2]; out must not alias ws.
+cudaError_t gn_mish_cuda(const float* ws, int splits, const int64_t* ws_strides, const GnMishParams& p,
                          cudaStream_t stream);
+
+// Both phases in one kernel, the convolution computed per element (x contiguous, W contiguous in its layout
+// s.w_channels_last; for few taps Cin * K).
+cudaError_t conv_gn_mish_direct_cuda(const float* x, const float* w, const Conv1dShape& s, const GnMishParams& p,
+                                     cudaStream_t stream);
 
 }  // namespace kk
 
@@ -62,10 +85,34 @@ cudaError_t gn_mish_cuda(const float* ws, int splits, const float* bias, const f
 namespace kk {
 
 constexpr const char* kConvOp = "conv1d_gn_mish";
-enum Conv1dImpl : int64_t { kConvAuto = 0, kConvFused = 1, kConvCudnn = 2 };
-// impl=auto switches to cuDNN for the convolution from this many output columns (B * L) on.
+enum Conv1dImpl : int64_t { kConvAuto = 0, kConvFused = 1, kConvCudnn = 2, kConvDirect = 3 };
+// impl=auto computes the convolution in the GroupNorm kernel up to this many taps (Cin * K) while one
+// block's share (a group's Cout / groups * L outputs times the taps) stays within kConvDirectMaxBlockMacs,
+// else switches to cuDNN for the convolution from kConvCudnnMinColumns output columns (B * L) on.
+constexpr int64_t kConvDirectMaxTaps = 64;
+constexpr int64_t kConvDirectMaxBlockMacs = int64_t{1} << 20;
 constexpr int64_t kConvCudnnMinColumns = 256;
+// With a channels-last weight (conv_weight_channels_last) cuDNN needs no filter transpose and wins from this
+// many weights on at any batch (H200, batch 1: 24 vs 29 us at 512x1024x5, 38 vs 49 us at 1024x1024x5 for the
+// split kernel; below it the split kernel wins: 16 vs 32 us at 256x256x5).
+constexpr int64_t kConvCudnnMinChannelsLastWeights = int64_t{1} << 21;
+
+inline Conv1dImpl conv_pick_impl(int64_t impl, int64_t B, int64_t Cin, int64_t Cout, int64_t L, int64_t K,
+                                 int64_t groups, bool w_channels_last) {
+  if (impl != kConvAuto) return static_cast<Conv1dImpl>(impl);
+  if (Cin * K <= kConvDirectMaxTaps && Cout / groups * L * Cin * K <= kConvDirectMaxBlockMacs) return kConvDirect;
+  if (B * L >= kConvCudnnMinColumns) return kConvCudnn;
+  return w_channels_last && Cout * Cin * K >= kConvCudnnMinChannelsLastWeights ? kConvCudnn : kConvFused;
+}
 constexpr int64_t kConvMaxK = 255;
+constexpr int64_t kConvMaxBlocks = 0x7fffffff;  // gridDim.x limit
+
+// W (Cout, Cin, K) stored (Cout, K, Cin): the channels innermost, like a channels-last 2-D filter. When
+// Cin or K is 1 both layouts are the same memory (contiguous wins).
+inline bool conv_weight_channels_last(const at::Tensor& w) {
+  const int64_t cin = w.size(1), k = w.size(2);
+  return !w.is_contiguous() && w.stride(0) == cin * k && w.stride(1) == 1 && w.stride(2) == cin;
+}
 
 inline void conv_check_tensor(const at::Tensor& t, const char* name, const at::Tensor& x) {
   check_floating(kConvOp, t, name);
@@ -123,32 +170,25 @@ inline at::Tensor conv1d_gn_mish(const at::Tensor& x, const at::Tensor& weight, 
     TORCH_CHECK(residual->sizes() == at::IntArrayRef({B, Cout, L}), op, ": residual must have shape (B, Cout, L) = (", B,
                 ", ", Cout, ", ", L, "), got ", residual->sizes());
   }
-  TORCH_CHECK(impl >= kConvAuto && impl <= kConvCudnn, op, ": impl must be 0 (auto), 1 (fused kernel) or 2 (cuDNN conv + fused epilogue), got ", impl);
+  TORCH_CHECK(impl >= kConvAuto && impl <= kConvDirect, op, ": impl must be 0 (auto), 1 (fused: split conv kernel + "
+              "GroupNorm kernel), 2 (cuDNN conv + fused epilogue) or 3 (direct: one kernel), got ", impl);
   TORCH_CHECK(!x.is_cuda() || x.scalar_type() == at::kFloat, op, ": the CUDA kernel supports float32 only, got ",
               x.scalar_type());
   if (B * Cout * L == 0) return at::empty({B, Cout, L}, x.options());
   if (!x.is_cuda()) return conv1d_gn_mish_cpu(x, weight, bias, gamma, beta, groups, eps, scale, shift, residual);
 #ifdef KERNELKIT_WITH_CUDA
+  TORCH_CHECK(B * groups <= kConvMaxBlocks, op, ": B * groups must be at most ", kConvMaxBlocks,
+              " on CUDA (a block per batch and group), got ", B, " * ", groups);
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty({B, Cout, L}, x.options());
-  const at::Tensor xc = x.contiguous(), wc = weight.contiguous(), g = gamma.contiguous(), bt = beta.contiguous();
+  // W stored (Cout, K, Cin), as kernelkit.diffusion.use_kernelkit keeps it: every path reads it in place
+  // and cuDNN gets it as a channels-last filter (it transposes a (Cout, Cin, K) one on every call).
+  const bool w_cl = conv_weight_channels_last(weight);
+  const at::Tensor xc = x.contiguous(), wc = w_cl ? weight : weight.contiguous();
+  const at::Tensor g = gamma.contiguous(), bt = beta.contiguous();
   const at::Tensor bc = bias.has_value() ? bias->contiguous() : at::Tensor();
   const at::Tensor rc = residual.has_value() ? residual->contiguous() : at::Tensor();
-  const bool cudnn = impl == kConvCudnn || (impl == kConvAuto && B * L >= kConvCudnnMinColumns);
   auto stream = at::cuda::getCurrentCUDAStream();
-  at::Tensor ws;
-  int splits = 1;
-  const float* bias_ptr = bc.defined() ? bc.const_data_ptr<float>() : nullptr;
-  if (cudnn || Cin == 0) {
-    ws = Cin == 0 ? at::zeros({B, Cout, L}, x.options()) : at::conv1d(xc, wc, bc, 1, K / 2);
-    if (Cin != 0) bias_ptr = nullptr;  // cuDNN added it
-  } else {
-    const Conv1dShape s{B, Cin, Cout, L, K};
-    splits = conv1d_partial_splits(s);
-    ws = at::empty({splits, B, Cout, L}, x.options());
-    KERNELKIT_CUDA_CHECK(conv1d_partial_cuda(xc.const_data_ptr<float>(), wc.const_data_ptr<float>(),
-                                             ws.mutable_data_ptr<float>(), s, splits, stream));
-  }
   GnMishEpilogue epi;
   if (scale.has_value()) {
     epi.scale = scale->const_data_ptr<float>();
@@ -161,9 +201,37 @@ inline at::Tensor conv1d_gn_mish(const at::Tensor& x, const at::Tensor& weight, 
     epi.shift_sc = shift->stride(1);
   }
   if (rc.defined()) epi.residual = rc.const_data_ptr<float>();
-  KERNELKIT_CUDA_CHECK(gn_mish_cuda(ws.const_data_ptr<float>(), splits, bias_ptr, g.const_data_ptr<float>(),
-                                    bt.const_data_ptr<float>(), epi, out.mutable_data_ptr<float>(), B, Cout, L, groups,
-                                    static_cast<float>(eps), stream));
+  const GnMishParams p{bc.defined() ? bc.const_data_ptr<float>() : nullptr, g.const_data_ptr<float>(),
+                       bt.const_data_ptr<float>(), epi, out.mutable_data_ptr<float>(), B, Cout, L, groups,
+                       static_cast<float>(eps)};
+  const Conv1dShape s{B, Cin, Cout, L, K, w_cl};
+  switch (conv_pick_impl(impl, B, Cin, Cout, L, K, groups, w_cl)) {
+    case kConvDirect:
+      KERNELKIT_CUDA_CHECK(conv_gn_mish_direct_cuda(xc.const_data_ptr<float>(), wc.const_data_ptr<float>(), s, p, stream));
+      break;
+    case kConvCudnn: {  // bias in the epilogue: cuDNN would add it in a kernel of its own
+      at::Tensor ws;  // (B, Cout, L) values at any strides
+      if (Cin == 0) {
+        ws = at::zeros({B, Cout, L}, x.options());
+      } else if (w_cl) {  // as a 2-D convolution over (B, Cin, 1, L): channels-last in, channels-last out
+        const std::vector<int64_t> stride{1, 1}, padding{0, K / 2};
+        ws = at::conv2d(xc.unsqueeze(2).contiguous(at::MemoryFormat::ChannelsLast), wc.unsqueeze(2), std::nullopt,
+                        stride, padding)
+                 .squeeze(2);
+      } else {
+        ws = at::conv1d(xc, wc, {}, 1, K / 2);
+      }
+      KERNELKIT_CUDA_CHECK(gn_mish_cuda(ws.const_data_ptr<float>(), 1, ws.strides().data(), p, stream));
+      break;
+    }
+    default: {
+      const int splits = conv1d_partial_splits(s);
+      const at::Tensor ws = at::empty({splits, B, Cout, L}, x.options());
+      KERNELKIT_CUDA_CHECK(conv1d_partial_cuda(xc.const_data_ptr<float>(), wc.const_data_ptr<float>(),
+                                               ws.mutable_data_ptr<float>(), s, splits, stream));
+      KERNELKIT_CUDA_CHECK(gn_mish_cuda(ws.const_data_ptr<float>(), splits, ws.strides().data() + 1, p, stream));
+    }
+  }
   return out;
 #else
   TORCH_CHECK(false, op, ": built without CUDA");

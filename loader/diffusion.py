@@ -19,10 +19,11 @@ import torch
 
 from . import ops as _ops
 
-__all__ = ["ddpm_step", "conv1d_gn_mish", "use_kernelkit", "CONV_IMPLS"]
+__all__ = ["ddpm_step", "conv1d_gn_mish", "channels_last_weight", "use_kernelkit", "CONV_IMPLS"]
 
-#: conv1d_gn_mish implementations: auto picks cuDNN for the convolution when B * L >= 256
-CONV_IMPLS = {"auto": 0, "fused": 1, "cudnn": 2}
+#: conv1d_gn_mish implementations: auto picks "direct" for convolutions with few taps (Cin * K <= 64, the
+#: U-Net's first layer), else cuDNN for the convolution when B * L >= 256, else "fused"
+CONV_IMPLS = {"auto": 0, "fused": 1, "cudnn": 2, "direct": 3}
 
 
 def ddpm_step(model_output: torch.Tensor, timestep: torch.Tensor, sample: torch.Tensor, coeffs: torch.Tensor,
@@ -56,7 +57,8 @@ def conv1d_gn_mish(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     x (B, Cin, L); weight (Cout, Cin, K), K odd; Cout divisible by ``groups``. CUDA: float32; CPU: composed
     from ATen ops. ``impl``: "fused" (two kernels: split convolution, then GroupNorm+Mish+epilogue),
     "cudnn" (cuDNN convolution, honouring ``torch.backends.cudnn.allow_tf32``, then the fused epilogue),
-    "auto" (cuDNN from B * L >= 256 on).
+    "direct" (one kernel computing the convolution per output: for few taps Cin * K), "auto" (direct up to
+    64 taps while a (batch, group) slab's work stays small, else cuDNN from B * L >= 256 on, else fused).
     """
     code = CONV_IMPLS.get(impl, impl) if isinstance(impl, str) else int(impl)
     if not isinstance(code, int):
@@ -65,7 +67,27 @@ def conv1d_gn_mish(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
                                                         residual, code)
 
 
+def channels_last_weight(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` (Cout, Cin, K) with the same values, stored (Cout, K, Cin): the layout in which
+    :func:`conv1d_gn_mish` hands it to cuDNN as a channels-last filter. cuDNN's fastest float32
+    convolutions on Hopper read that layout, and transpose a (Cout, Cin, K) filter on every call (a 1024 x
+    1024 x 5 filter: 87 us per call at batch 64 on an H200, 31 us stored this way). Every path of the op
+    reads either layout in place."""
+    if weight.dim() != 3:
+        raise ValueError(f"channels_last_weight: weight must be 3-D (Cout, Cin, K), got shape {tuple(weight.shape)}")
+    return weight.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 def use_kernelkit(model, enable: bool = True):
     """Route the Conv1dBlocks (and their FiLM/residual) of a ``reference.unet1d.ConditionalUnet1D`` through
-    :func:`conv1d_gn_mish` (``enable=False``: back to plain PyTorch). Returns the model."""
+    :func:`conv1d_gn_mish` (``enable=False``: back to plain PyTorch). On CUDA the blocks' convolution
+    weights move to :func:`channels_last_weight`'s layout (same values and shapes; back to contiguous with
+    ``enable=False``). Returns the model."""
+    from .reference.unet1d import Conv1dBlock
+
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, Conv1dBlock) and m.block[0].weight.is_cuda:
+                w = m.block[0].weight
+                w.data = channels_last_weight(w.data) if enable else w.data.contiguous()
     return model.set_conv_block_op(conv1d_gn_mish if enable else None)

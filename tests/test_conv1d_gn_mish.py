@@ -10,7 +10,7 @@ from kernelkit.reference.unet1d import UNET_CONV_SHAPES
 from ops_helpers import DEVICES, lib
 
 CARD = "conv1d_gn_mish"
-IMPLS = ("fused", "cudnn")
+IMPLS = ("fused", "cudnn", "direct")
 #: odd shapes: (B, Cin, Cout, L, K, groups) - Cin/Cout not multiples of 32, several length tiles, K 1/3/7,
 #: one group (slab over the register cache), L = 1
 ODD = ((3, 5, 8, 1, 5, 8), (2, 3, 24, 7, 3, 8), (5, 33, 40, 37, 5, 8), (1, 70, 24, 130, 7, 4), (2, 64, 64, 100, 5, 1),
@@ -56,6 +56,10 @@ def test_unet_shapes(shape, batch, impl):
     scale, shift, res = _film(batch, shape[1], shape[2], "cuda")
     _close(kd.conv1d_gn_mish(*args, 8, 1e-5, scale, shift, impl=impl), ref(*args, 8, 1e-5, scale, shift))
     _close(kd.conv1d_gn_mish(*args, residual=res, impl=impl), ref(*args, residual=res))
+    # the weight stored (Cout, K, Cin), as use_kernelkit keeps it (cuDNN: a channels-last filter)
+    x, w, rest = args[0], args[1], args[2:]
+    got = kd.conv1d_gn_mish(x, kd.channels_last_weight(w), *rest, 8, 1e-5, scale, shift, res, impl=impl)
+    _close(got, ref(*args, 8, 1e-5, scale, shift, res))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -68,10 +72,14 @@ def test_odd_shapes(case, impl, device):
     _close(kd.conv1d_gn_mish(x, w, bias, gamma, beta, groups, impl=impl), ref(x, w, bias, gamma, beta, groups))
     _close(kd.conv1d_gn_mish(x, w, None, gamma, beta, groups, 1e-3, scale, shift, res, impl=impl),
            ref(x, w, None, gamma, beta, groups, 1e-3, scale, shift, res))
-    # non-contiguous x and weight
+    # non-contiguous x and weight, and the weight stored (Cout, K, Cin) (read in place)
     xt = x.transpose(1, 2).contiguous().transpose(1, 2)
     wt = w.permute(2, 0, 1).contiguous().permute(1, 2, 0)
     _close(kd.conv1d_gn_mish(xt, wt, bias, gamma, beta, groups, impl=impl), ref(x, w, bias, gamma, beta, groups))
+    wcl = kd.channels_last_weight(w)
+    assert torch.equal(wcl, w) and (k == 1 or cin == 1 or not wcl.is_contiguous())
+    _close(kd.conv1d_gn_mish(xt, wcl, None, gamma, beta, groups, 1e-3, scale, shift, res, impl=impl),
+           ref(x, w, None, gamma, beta, groups, 1e-3, scale, shift, res))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -86,12 +94,38 @@ def test_empty(device):
 
 
 @pytest.mark.gpu
-def test_large_values_and_deterministic():
-    x, w, bias, gamma, beta = _inputs(1, 1024, 1024, 4, device="cuda")
-    beta = beta + 30  # Mish far into its linear range
-    a = kd.conv1d_gn_mish(x, w, bias, gamma, beta, impl="fused")
+@pytest.mark.parametrize("impl", ("fused", "direct"))
+@pytest.mark.parametrize("offset", (30.0, -30.0, 15.0, -3.0))
+def test_large_values_and_deterministic(impl, offset):
+    cin = 1024 if impl == "fused" else 4
+    x, w, bias, gamma, beta = _inputs(1, cin, 1024, 4, device="cuda")
+    beta = beta + offset  # Mish into its linear range, its vanishing tail, near its closed form's cut at 20
+    a = kd.conv1d_gn_mish(x, w, bias, gamma, beta, impl=impl)
     _close(a, ref(x, w, bias, gamma, beta))
-    assert torch.equal(a, kd.conv1d_gn_mish(x, w, bias, gamma, beta, impl="fused"))
+    assert torch.equal(a, kd.conv1d_gn_mish(x, w, bias, gamma, beta, impl=impl))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,impl", (((1, 512, 1024, 4), "cudnn"), ((1, 256, 256, 8), "fused")))
+def test_auto_with_channels_last_weight(shape, impl):
+    """A channels-last weight needs no transpose in cuDNN: auto hands large ones to cuDNN even at batch 1
+    (bit for bit the "cudnn" result) and keeps small ones on the split kernel."""
+    x, w, *rest = _inputs(*shape, device="cuda")
+    wcl = kd.channels_last_weight(w)
+    got = kd.conv1d_gn_mish(x, wcl, *rest)
+    assert torch.equal(got, kd.conv1d_gn_mish(x, wcl, *rest, impl=impl))
+    _close(got, ref(x, w, *rest))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", ((1, 2, 256, 16), (64, 2, 256, 16), (3, 12, 40, 9)))
+def test_auto_computes_few_taps_directly(shape):
+    """impl=auto takes the one-kernel path for a convolution with few taps (the U-Net's first layer):
+    bit for bit the "direct" result (the split and cuDNN paths sum in other orders)."""
+    args = _inputs(*shape, device="cuda")
+    got = kd.conv1d_gn_mish(*args)
+    assert torch.equal(got, kd.conv1d_gn_mish(*args, impl="direct"))
+    _close(got, ref(*args))
 
 
 def test_errors_cpu():
@@ -114,6 +148,8 @@ def test_errors_cpu():
             kd.conv1d_gn_mish(*args, **kw)
     with pytest.raises(ValueError, match="impl must be one of"):
         kd.conv1d_gn_mish(x, w, bias, gamma, beta, impl="fast")
+    with pytest.raises(ValueError, match=r"weight must be 3-D \(Cout, Cin, K\)"):
+        kd.channels_last_weight(w[0])
 
 
 @pytest.mark.gpu

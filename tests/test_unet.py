@@ -62,6 +62,7 @@ def test_kernelkit_switch_cpu(model_cpu):
         finally:
             kd.use_kernelkit(model_cpu, False)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert all(p.is_contiguous() for p in model_cpu.parameters())  # CPU weights keep their layout
 
 
 # ---- GPU -----------------------------------------------------------------------------------------------
@@ -72,6 +73,20 @@ def models_gpu():
     ref_model = unet1d.make_unet(seed=0, device="cuda")
     kk_model = kd.use_kernelkit(unet1d.make_unet(seed=0, device="cuda"))
     return ref_model, kk_model
+
+
+@pytest.mark.gpu
+def test_switch_moves_conv_weights_to_channels_last_and_back():
+    model = unet1d.make_unet(seed=0, device="cuda")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    blocks = [m.block[0].weight for m in model.modules() if isinstance(m, unet1d.Conv1dBlock)]
+    kd.use_kernelkit(model)
+    for w in blocks:
+        assert w.stride() == (w.shape[1] * w.shape[2], 1, w.shape[1]), w.shape
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    kd.use_kernelkit(model, False)
+    assert all(p.is_contiguous() for p in model.parameters())
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
 @pytest.mark.gpu
