@@ -7,11 +7,14 @@ End-to-end contenders (median time per denoise loop, CUDA events, after warm-up)
   eager                 pure PyTorch U-Net + table DDPM step, Python loop (no host sync)
   torch.compile         the same step under torch.compile(mode="reduce-overhead") (CUDA graphs), Python loop
   pytorch+graph         the pure-PyTorch loop captured as one CUDA graph (a reference point)
-  kernelkit             fused Conv1dBlocks (+FiLM/residual epilogue) and fused DDPM step, Python loop
+  kernelkit             fused Conv1dBlocks (+FiLM/residual epilogue; weights stored channels-last by
+                        use_kernelkit) and fused DDPM step, Python loop
   kernelkit+graph       the kernelkit loop captured as one CUDA graph
-Per-op timings (kernelkit.bench.time_together: device time, contenders in turn, paired ratio to
-torch.compile with a 95% interval) flush L2 before each convolution (the U-Net's 263 MB of weights never
-stay in L2 in a real loop), not before the DDPM step (its coefficient table does).
+Per op, "kernelkit" gets a (Cout, Cin, K)-contiguous weight and "kernelkit-cl" the weight as use_kernelkit
+stores it (kernelkit.diffusion.channels_last_weight). Per-op timings (kernelkit.bench.time_together: device
+time, contenders in turn, paired ratio to torch.compile with a 95% interval) flush L2 before each
+convolution (the U-Net's 263 MB of weights never stay in L2 in a real loop), not before the DDPM step (its
+coefficient table does).
 TF32 settings are PyTorch's defaults unless --no-tf32. Goals (reported, not asserted): kernelkit+graph
 >= 3x eager and >= 1.3x torch.compile at batch 1.
 """
@@ -65,8 +68,10 @@ def time_ops(row: dict, contenders: dict, args, flush: bool) -> None:
             raise t
         row[name] = t.median_us
     if "torch.compile" in res:
-        r = paired_ratio(res["kernelkit"].samples_us, res["torch.compile"].samples_us)
-        row["vs_compile_paired"] = [r.median, r.lo, r.hi]
+        for name, key in (("kernelkit", "vs_compile_paired"), ("kernelkit-cl", "cl_vs_compile_paired")):
+            if name in res:
+                r = paired_ratio(res[name].samples_us, res["torch.compile"].samples_us)
+                row[key] = [r.median, r.lo, r.hi]
 
 
 def fmt_us(us):
@@ -96,7 +101,8 @@ def bench_ops(args, log) -> list:
             b = torch.randn(cout, device="cuda", generator=g) * bound
             gamma, beta = 1 + 0.1 * torch.randn(cout, device="cuda", generator=g), 0.1 * torch.randn(cout, device="cuda", generator=g)
             a = (x, w, b, gamma, beta, 8)
-            contenders = {"kernelkit": lambda: kd.conv1d_gn_mish(*a)}
+            a_cl = (x, kd.channels_last_weight(w)) + a[2:]  # the weight as use_kernelkit stores it
+            contenders = {"kernelkit": lambda: kd.conv1d_gn_mish(*a), "kernelkit-cl": lambda: kd.conv1d_gn_mish(*a_cl)}
             if batch * length >= 256:
                 contenders["kernelkit-fused"] = lambda: kd.conv1d_gn_mish(*a, impl="fused")
             contenders["eager"] = lambda: conv_ref(*a)
@@ -177,17 +183,17 @@ def bench_e2e(args, log) -> list:
 def markdown(op_rows, e2e_rows) -> str:
     out = []
     if op_rows:
-        names = ["kernelkit", "kernelkit-fused", "kernelkit-philox", "eager", "torch.compile"]
+        names = ["kernelkit", "kernelkit-cl", "kernelkit-fused", "kernelkit-philox", "eager", "torch.compile"]
         names = [n for n in names if any(n in r for r in op_rows)]
-        out += ["| op | shape | " + " | ".join(names) + " | floor | vs eager | vs compile (paired, 95% CI) |",
-                "|---|---|" + "---|" * (len(names) + 3)]
+        out += ["| op | shape | " + " | ".join(names) + " | floor | vs eager | vs compile (paired, 95% CI) "
+                "| kernelkit-cl vs compile |", "|---|---|" + "---|" * (len(names) + 4)]
         for r in op_rows:
             kk = r["kernelkit"]
             vs = lambda k: f"{r[k] / kk:.2f}x" if r.get(k) else "-"  # noqa: E731
-            pr = r.get("vs_compile_paired")
-            vc = f"{pr[0]:.2f}x ({pr[1]:.2f}-{pr[2]:.2f})" if pr else "-"
+            paired = [r.get(k) for k in ("vs_compile_paired", "cl_vs_compile_paired")]
+            vc = [f"{pr[0]:.2f}x ({pr[1]:.2f}-{pr[2]:.2f})" if pr else "-" for pr in paired]
             out.append(f"| {r['op']} | {r['shape']} | " + " | ".join(fmt_us(r.get(n)) for n in names)
-                       + f" | {fmt_us(r.get('floor_us'))} | {vs('eager')} | {vc} |")
+                       + f" | {fmt_us(r.get('floor_us'))} | {vs('eager')} | {vc[0]} | {vc[1]} |")
         out.append("")
     if e2e_rows:
         names = [k for k in ("eager", "torch.compile", "pytorch+graph", "kernelkit", "kernelkit+graph") if k in e2e_rows[0]]
