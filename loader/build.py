@@ -73,7 +73,7 @@ def plan_unit(kind: str, path: Path, text: str, include_dirs: Sequence[Path], ex
     deps, uses_torch = scan_includes(text, path.parent, include_dirs)
     incs = [f"-I{d}" for d in include_dirs]
     if kind == "cu":
-        flags = ["-std=c++17", optimize, "--expt-relaxed-constexpr", "-lineinfo",
+        flags = [toolchain.cxx_standard_flag(), optimize, "--expt-relaxed-constexpr", "-lineinfo",
                  "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
                  *toolchain.gencode_flags(archs), *incs]
         if uses_torch:  # only then pay for torch's include paths and its half-operator switches
@@ -81,7 +81,7 @@ def plan_unit(kind: str, path: Path, text: str, include_dirs: Sequence[Path], ex
             flags += toolchain.torch_nvcc_flags() + [f"-D_GLIBCXX_USE_CXX11_ABI={toolchain.cxx11_abi()}"]
         compiler_id = toolchain.nvcc_fingerprint()
     else:
-        flags = ["-std=c++17", optimize, "-fPIC", "-fvisibility=hidden",
+        flags = [toolchain.cxx_standard_flag(), optimize, "-fPIC", "-fvisibility=hidden",
                  f"-D_GLIBCXX_USE_CXX11_ABI={toolchain.cxx11_abi()}", *incs,
                  *[f"-I{p}" for p in toolchain.torch_include_paths(toolchain.torch_has_cuda())],
                  f"-I{toolchain.python_include()}", *toolchain.pybind_abi_flags()]

@@ -116,7 +116,23 @@ def _compute_facts() -> Dict[str, object]:
         "nvcc_flags": list(ce.COMMON_NVCC_FLAGS),
         "pybind_flags": pybind,
         "cuda_toolkit_version": _toolkit_version(ce.CUDA_HOME),
+        "cxx_std": _torch_cxx_standard(_paths(ce.include_paths, "cpu")),
     }
+
+
+def _torch_cxx_standard(include_dirs: List[str]) -> str:
+    """The C++ standard torch's headers require, as ATen.h states it in its guard (#error "C++20 or later
+    compatible compiler is required"): C++17 through torch 2.11, C++20 in later releases. Asking the
+    headers rather than the version number keeps nightlies and backports right."""
+    for d in include_dirs:
+        try:
+            with open(os.path.join(d, "ATen", "ATen.h"), errors="replace") as f:
+                m = re.search(r"C\+\+\s*(\d+) or later compatible compiler is required", f.read(1 << 16))
+        except OSError:
+            continue
+        if m:
+            return f"c++{max(17, int(m.group(1)))}"
+    return "c++17"
 
 
 def _toolkit_version(home: Optional[str]) -> Optional[str]:
@@ -152,7 +168,7 @@ def facts() -> Dict[str, object]:
     from . import cache
 
     env = [os.environ.get(v, "") for v in ("CUDA_HOME", "CUDA_PATH", "PATH", "ROCM_HOME")]
-    key = hashlib.sha256("\0".join(["facts-v3", torch.__file__, torch.__version__, *env]).encode()).hexdigest()[:24]
+    key = hashlib.sha256("\0".join(["facts-v4", torch.__file__, torch.__version__, *env]).encode()).hexdigest()[:24]
     path = cache.cache_dir() / f"toolchain-{key}.json"
     try:
         return json.loads(path.read_text())
@@ -203,6 +219,11 @@ def cxx11_abi() -> int:
 
 def python_include() -> str:
     return sysconfig.get_paths()["include"]
+
+
+def cxx_standard_flag() -> str:
+    """-std= for every unit: the standard torch's headers require (a card's TUs and the binding share it)."""
+    return f"-std={facts().get('cxx_std', 'c++17')}"
 
 
 def torch_nvcc_flags() -> List[str]:

@@ -45,6 +45,25 @@ def test_gencode_flags():
     assert toolchain.gencode_flags(["9.0a"]) == ["-gencode", "arch=compute_90a,code=sm_90a"]
 
 
+def test_cxx_standard_follows_torchs_headers(tmp_path):
+    def include_dir(name, guard):
+        d = tmp_path / name / "ATen"
+        d.mkdir(parents=True)
+        (d / "ATen.h").write_text(f"#pragma once\n#if __cplusplus < 202002L\n#error {guard}\n#endif\n")
+        return str(d.parent)
+
+    new = include_dir("new", "C++20 or later compatible compiler is required to use ATen.")
+    old = include_dir("old", "C++17 or later compatible compiler is required to use ATen.")
+    assert toolchain._torch_cxx_standard([str(tmp_path / "none"), new]) == "c++20"
+    assert toolchain._torch_cxx_standard([old]) == "c++17"
+    assert toolchain._torch_cxx_standard([str(tmp_path / "none")]) == "c++17"  # no ATen.h: the old default
+    # this torch: the flag every unit gets is the one its headers ask for
+    aten = next(Path(d) / "ATen" / "ATen.h" for d in toolchain.torch_include_paths(False)
+                if (Path(d) / "ATen" / "ATen.h").is_file())
+    want = "c++20" if "C++20 or later" in aten.read_text() else "c++17"
+    assert toolchain.cxx_standard_flag() == f"-std={want}"
+
+
 def test_parse_gcc_and_nvcc_diagnostics():
     log = "\n".join([
         "/abs/k.cu(12): error: identifier \"foo\" is undefined",
