@@ -452,6 +452,9 @@ def tensor_bytes(*xs: Any) -> int:
 
 # --------------------------------------------------------------------------------------------- results
 
+COPY = "copy"  # the measured floor contender (bench(copy_floor=True))
+
+
 @dataclasses.dataclass
 class BenchResult:
     name: str
@@ -631,7 +634,7 @@ def bench(target: Target = None, inputs=None, *, spec: Optional[Spec] = None, re
           sizes: Optional[Sequence[Tuple[int, ...]]] = None, dtype: Optional[torch.dtype] = None, device=None,
           compile: Optional[bool] = None, graph: bool = False, flush_l2: bool = True,
           budget_ms: Optional[float] = None, warmup_ms: Optional[float] = None, host_overhead: bool = True,
-          floor: bool = True, max_numel: Optional[int] = None, seed: int = 0,
+          floor: bool = True, copy_floor: bool = False, max_numel: Optional[int] = None, seed: int = 0,
           progress: Optional[Callable[[str], None]] = None) -> BenchResult:
     """Time ``target`` over a size sweep, side by side with the eager reference, ``torch.compile(reference)``
     and the bandwidth floor.
@@ -642,6 +645,9 @@ def bench(target: Target = None, inputs=None, *, spec: Optional[Spec] = None, re
     (default ``spec.bench_sizes``). ``compile`` defaults to True on CUDA, False on a CPU (Inductor's C++
     build per size is slow there). ``graph=True`` times CUDA-graph replays. ``max_numel`` skips larger
     sizes (noted). Bytes moved come from ``spec.bytes_moved(args, out)``, else all tensor args + outputs.
+    ``copy_floor=True`` adds a measured floor, the contender "copy": a device copy moving the same bytes
+    (half read, half written), timed in the same rounds. At sizes where launch and memory latency rule,
+    bytes/bandwidth says nothing; a copy shows what any kernel moving those bytes takes.
     """
     contenders, spec = _contenders(target, spec)
     reference = reference if reference is not None else spec.reference if spec is not None else None
@@ -668,7 +674,7 @@ def bench(target: Target = None, inputs=None, *, spec: Optional[Spec] = None, re
     timer = ("cuda-graph" if graph else "cuda-events") if on_gpu else "host"
     bw = device_bandwidth(device) if floor else None
     result = BenchResult(name, str(device), device_name(device), str(dtype).replace("torch.", ""), timer, bw,
-                         list(contenders))
+                         list(contenders) + ([COPY] if copy_floor else []))
     if graph and not on_gpu:
         result.notes.append("graph mode needs CUDA: host timer used")
     if not on_gpu:
@@ -685,17 +691,26 @@ def bench(target: Target = None, inputs=None, *, spec: Optional[Spec] = None, re
                 result.notes.append(f"size {report.fmt_shape(size)} skipped (over {max_numel} elements)")
                 continue
             args = tuple(make(size, dtype=dtype, device=device, generator=torch.Generator(device=device).manual_seed(seed)))
-            _bench_size(result, contenders, args, size, bytes_moved, bw, timing_kw, progress)
+            _bench_size(result, contenders, args, size, bytes_moved, bw, timing_kw, progress, copy_floor)
     if host_overhead:
         _host_overheads(result, contenders, make, spec, dtype, device, seed)
     return result
 
 
+def _copy_contender(nbytes: int, device: torch.device) -> Callable:
+    """A device copy that moves ``nbytes`` in all: half read, half written (torch copies contiguous bytes
+    with cudaMemcpyAsync on a GPU, memcpy on a CPU)."""
+    src = torch.ones(max(1, nbytes // 2), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
 def _bench_size(result: BenchResult, contenders: Dict[str, Callable], args: tuple, size, bytes_moved, bw,
-                timing_kw: dict, progress) -> None:
+                timing_kw: dict, progress, copy_floor: bool = False) -> None:
     """Time every contender on one size's inputs, side by side (one call of each in turn); add the floor."""
     moved = None
-    rows = {cname: {"size": list(size), "numel": math.prod(size), "contender": cname} for cname in contenders}
+    rows = {cname: {"size": list(size), "numel": math.prod(size), "contender": cname}
+            for cname in list(contenders) + ([COPY] if copy_floor else [])}
     ready = {}
     for cname, fn in contenders.items():
         if moved is None:  # the bytes moved, from the first output there is; time_together makes the
@@ -707,6 +722,11 @@ def _bench_size(result: BenchResult, contenders: Dict[str, Callable], args: tupl
                 rows[cname]["error"] = e
                 continue
         ready[cname] = lambda fn=fn: fn(*args)
+    if copy_floor:
+        if moved is None:
+            rows[COPY]["error"] = RuntimeError("no contender ran, so the bytes to copy are unknown")
+        else:
+            ready[COPY] = _copy_contender(moved, torch.device(result.device))
     samples: Dict[str, List[float]] = {}
     for cname, outcome in time_together(ready, result.device, **timing_kw).items():
         if isinstance(outcome, Exception):

@@ -103,7 +103,7 @@ def cmd_bench(args) -> int:
             status = 1
             continue
         res = bench(op, spec=spec, device=device, sizes=_sizes(args.sizes), dtype=args.dtype and args.dtype[0],
-                    compile=args.compile, graph=args.graph, budget_ms=args.budget_ms)
+                    compile=args.compile, graph=args.graph, budget_ms=args.budget_ms, copy_floor=args.copy_floor)
         print(repr(res) + "\n")
         results.append(res)
         if args.plot:
@@ -124,7 +124,7 @@ def cmd_run(args) -> int:
 
     opts = Options(check=not args.no_check, bench=not args.no_bench, trials=args.trials, sizes=_sizes(args.sizes),
                    compile=args.compile, graph=args.graph, budget_ms=args.budget_ms, arch=args.arch,
-                   kernels_dir=args.kernels_dir, quick=args.quick)
+                   kernels_dir=args.kernels_dir, quick=args.quick, copy_floor=args.copy_floor)
     code, _ = run(args.ops, args.out, opts)
     return code
 
@@ -141,6 +141,8 @@ def _timing(p: argparse.ArgumentParser) -> None:
                    help="include torch.compile(reference) (default: on with a GPU, off on a CPU)")
     p.add_argument("--no-compile", dest="compile", action="store_false")
     p.add_argument("--budget-ms", type=float, help="time budget per measurement (default 100 GPU / 50 CPU)")
+    p.add_argument("--copy-floor", action="store_true",
+                   help="also time a device copy of the same bytes in the same rounds: a measured floor")
 
 
 def register(sub) -> None:

@@ -36,6 +36,7 @@ class Options:
     arch: Optional[str] = None
     kernels_dir: Optional[str] = None
     quick: bool = False  # CI: 2 trials, the 3 smallest sizes, a short time budget
+    copy_floor: bool = False  # also time a copy of the same bytes (bench(copy_floor=True))
 
 
 @dataclasses.dataclass
@@ -119,6 +120,7 @@ def run_card(card, gpu: bool, opts: Options, say: Callable[[str], None]) -> Card
         sizes = opts.sizes or (list(spec.bench_sizes)[:3] if opts.quick else None)
         try:
             cr.bench = bench(op, spec=spec, device=device, sizes=sizes, compile=opts.compile, graph=opts.graph,
+                             copy_floor=opts.copy_floor,
                              budget_ms=opts.budget_ms or (10.0 if opts.quick else None),
                              max_numel=None if device == "cuda" or opts.sizes else CPU_MAX_NUMEL,
                              progress=lambda m: say("  " + m))

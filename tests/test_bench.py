@@ -161,6 +161,35 @@ def test_spec_drives_contenders_sizes_and_bytes(tmp_path):
     assert {"ratio", "ratio_lo", "ratio_hi"} <= set(row)
 
 
+def test_copy_floor_is_timed_with_the_contenders_on_the_same_bytes(tmp_path):
+    moved = {}
+
+    def bytes_moved(args, out):  # a fixed traffic per size, so the copy's work is known
+        return moved.setdefault(args[0].numel(), 64 * args[0].numel())
+
+    spec = Spec(name="mulcard", reference=torch.mul, make_inputs=B.randn_args(2), op=torch.mul,
+                bench_sizes=((1 << 10,), (1 << 20,)), bytes_moved=bytes_moved)
+    res = bench(spec, compile=False, budget_ms=20, host_overhead=False, copy_floor=True)
+    assert res.contenders == ["kernelkit", "eager", "copy"]
+    small, big = (res.get("copy", s) for s in res.sizes)
+    assert small["bytes"] == 64 << 10 and big["bytes"] == 64 << 20
+    assert small["reps"] == res.get("kernelkit", (1 << 10,))["reps"]  # timed in the same rounds
+    assert big["median_us"] > 20 * small["median_us"]  # 32 MiB copied vs 32 KiB
+    assert res.paired("copy", (1 << 20,)) is not None
+    assert "kernelkit vs copy (95% CI)" in repr(res)
+    rows = list(csv.DictReader(open(res.to_csv(tmp_path / "r.csv"))))
+    assert {r["contender"] for r in rows} == {"kernelkit", "eager", "copy", "floor"}
+
+
+def test_copy_floor_without_a_working_contender_is_an_error_row():
+    def broken(a, b):
+        raise RuntimeError("kernel launch failed")
+
+    res = bench({"broken": broken}, B.randn_args(2), sizes=[(256,)], host_overhead=False, floor=False,
+                copy_floor=True)
+    assert "bytes to copy are unknown" in res.get("copy")["error"]
+
+
 def test_bandwidth_measured_once_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path))
     bw = device_bandwidth("cpu")
@@ -193,6 +222,17 @@ def test_gpu_events_compile_floor_and_host_overhead(tmp_path):
     assert res.median_us("floor", (1 << 26,)) <= big["median_us"] * 1.1
     assert 0 < res.host_us["torch.add"] < 100 and "add" in res.host_us
     assert len(res.plot(tmp_path)) == 3
+
+
+@pytest.mark.gpu
+def test_gpu_copy_floor_matches_a_streaming_add():
+    # a large add moves 3 tensors once; a copy of the same bytes takes about as long on any GPU
+    res = bench(torch.add, B.randn_args(2), sizes=[(1 << 12,), (1 << 26,)], device="cuda", compile=False,
+                host_overhead=False, copy_floor=True)
+    assert res.get("copy", (1 << 26,))["bytes"] == 3 * 4 << 26
+    r = res.paired("copy", (1 << 26,))
+    assert 0.8 < r.median < 1.25, r
+    assert res.median_us("copy", (1 << 12,)) < res.median_us("copy", (1 << 26,)) / 20
 
 
 @pytest.mark.gpu

@@ -71,8 +71,10 @@ def test_cli_check_and_bench(tmp_path, capsys):
     assert main(["bench", "kk_add_skip_last", *cards, "--sizes", "1024", "2**12", "--budget-ms", "5",
                  "--plot", str(tmp_path / "plots"), "--json", str(files[0]), "--csv", str(files[1])]) == 0
     text = capsys.readouterr().out
-    assert "bench kk_add_skip_last" in text and "4096" in text
+    assert "bench kk_add_skip_last" in text and "4096" in text and "vs copy" not in text
     assert all(f.is_file() for f in files) and (tmp_path / "plots" / "kk_add_skip_last_time.png").is_file()
+    assert main(["bench", "kk_add_skip_last", *cards, "--sizes", "1024", "--budget-ms", "5", "--copy-floor"]) == 0
+    assert "kernelkit vs copy (95% CI)" in capsys.readouterr().out
 
 
 @pytest.mark.gpu
