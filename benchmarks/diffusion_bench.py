@@ -7,11 +7,11 @@ End-to-end contenders (median time per denoise loop, CUDA events, after warm-up)
   eager                 pure PyTorch U-Net + table DDPM step, Python loop (no host sync)
   torch.compile         the same step under torch.compile(mode="reduce-overhead") (CUDA graphs), Python loop
   pytorch+graph         the pure-PyTorch loop captured as one CUDA graph (a reference point)
-  kernelkit             fused Conv1dBlocks (+FiLM/residual epilogue; weights stored channels-last by
-                        use_kernelkit) and fused DDPM step, Python loop
+  kernelkit             fused Conv1dBlocks (+FiLM/residual epilogue; larger weights stored channels-last
+                        by use_kernelkit) and fused DDPM step, Python loop
   kernelkit+graph       the kernelkit loop captured as one CUDA graph
 Per op, "kernelkit" gets a (Cout, Cin, K)-contiguous weight and "kernelkit-cl" the weight as use_kernelkit
-stores it (kernelkit.diffusion.channels_last_weight). Per-op timings (kernelkit.bench.time_together: device
+stores it (kernelkit.diffusion.preferred_weight_layout: channels-last from 2^19 elements). Per-op timings (kernelkit.bench.time_together: device
 time, contenders in turn, paired ratio to torch.compile with a 95% interval) flush L2 before each
 convolution (the U-Net's 263 MB of weights never stay in L2 in a real loop), not before the DDPM step (its
 coefficient table does).
@@ -101,7 +101,7 @@ def bench_ops(args, log) -> list:
             b = torch.randn(cout, device="cuda", generator=g) * bound
             gamma, beta = 1 + 0.1 * torch.randn(cout, device="cuda", generator=g), 0.1 * torch.randn(cout, device="cuda", generator=g)
             a = (x, w, b, gamma, beta, 8)
-            a_cl = (x, kd.channels_last_weight(w)) + a[2:]  # the weight as use_kernelkit stores it
+            a_cl = (x, kd.preferred_weight_layout(w)) + a[2:]  # the weight as use_kernelkit stores it
             contenders = {"kernelkit": lambda: kd.conv1d_gn_mish(*a), "kernelkit-cl": lambda: kd.conv1d_gn_mish(*a_cl)}
             if batch * length >= 256:
                 contenders["kernelkit-fused"] = lambda: kd.conv1d_gn_mish(*a, impl="fused")

@@ -1,4 +1,5 @@
 // conv1d_gn_mish device code: split conv1d partial sums (phase 1), then GroupNorm + Mish + epilogue (phase 2).
+// The direct path is phase 2 alone, computing its slab of the convolution from x and W (few taps).
 #include <algorithm>
 
 #include "common/launch.cuh"

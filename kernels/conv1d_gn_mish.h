@@ -23,8 +23,8 @@
 //     passes over values held in registers), normalises, applies gamma/beta, Mish and the epilogue.
 //  cudnn: the convolution (without bias) through cuDNN (tensor cores; honours
 //     torch.backends.cudnn.allow_tf32), and kernel 2 is its fused epilogue, bias included.
-// impl=auto: direct for Cin * K <= 64 taps (while a block's share of the work stays small), else cuDNN
-// from B * L >= 256 output columns on, or for a large channels-last weight (see conv_pick_impl), else fused.
+// impl=auto: direct for Cin * K <= 64 taps (while a block's share of the work stays small), else whichever of
+// cuDNN and fused a cost model fitted to both predicts faster (see conv_pick_impl).
 // CPU: composed from ATen ops (conv1d, group_norm, mish), any floating dtype.
 #pragma once
 
@@ -87,22 +87,37 @@ namespace kk {
 constexpr const char* kConvOp = "conv1d_gn_mish";
 enum Conv1dImpl : int64_t { kConvAuto = 0, kConvFused = 1, kConvCudnn = 2, kConvDirect = 3 };
 // impl=auto computes the convolution in the GroupNorm kernel up to this many taps (Cin * K) while one
-// block's share (a group's Cout / groups * L outputs times the taps) stays within kConvDirectMaxBlockMacs,
-// else switches to cuDNN for the convolution from kConvCudnnMinColumns output columns (B * L) on.
+// block's share (a group's Cout / groups * L outputs times the taps) stays within kConvDirectMaxBlockMacs.
 constexpr int64_t kConvDirectMaxTaps = 64;
 constexpr int64_t kConvDirectMaxBlockMacs = int64_t{1} << 20;
-constexpr int64_t kConvCudnnMinColumns = 256;
-// With a channels-last weight (conv_weight_channels_last) cuDNN needs no filter transpose and wins from this
-// many weights on at any batch (H200, batch 1: 24 vs 29 us at 512x1024x5, 38 vs 49 us at 1024x1024x5 for the
-// split kernel; below it the split kernel wins: 16 vs 32 us at 256x256x5).
-constexpr int64_t kConvCudnnMinChannelsLastWeights = int64_t{1} << 21;
+
+// Beyond that, auto takes the faster of the split kernel and cuDNN by a cost model fitted to both (float32,
+// the U-Net's ten shapes at batch 1 to 128, both weight layouts, H200; checked on the H100): with
+// W = Cout * Cin * K weights and MACs = W * B * L,
+//  - split kernel: 14 us + MACs / (4.8 MACs per ps; 4.4 reading a channels-last weight);
+//  - cuDNN, contiguous weight: 21 us + 11 us per million weights (it transposes the filter on every call);
+//  - cuDNN, channels-last weight: 20 us + 2.5 us per million weights; below 2^19 weights its algorithm
+//    takes ~33 us whatever the size (256x256x5: 31-35 us at batch 1-32);
+//  - from 2^21 channels-last weights cuDNN wins at any batch: there the split kernel, short of output
+//    columns, is bound by reading the weight in short runs (batch 1, 1024x1024x5: 49 vs 37 us).
+// The picks are within 9% of the faster path in all 160 measured cases (the old B * L >= 256 rule: up to
+// 2.3x slower, e.g. batch 16-32 with 512 or more channels).
+constexpr int64_t kConvCudnnSmallFilter = int64_t{1} << 19;
+constexpr int64_t kConvCudnnAlwaysChannelsLast = int64_t{1} << 21;
 
 inline Conv1dImpl conv_pick_impl(int64_t impl, int64_t B, int64_t Cin, int64_t Cout, int64_t L, int64_t K,
                                  int64_t groups, bool w_channels_last) {
   if (impl != kConvAuto) return static_cast<Conv1dImpl>(impl);
   if (Cin * K <= kConvDirectMaxTaps && Cout / groups * L * Cin * K <= kConvDirectMaxBlockMacs) return kConvDirect;
-  if (B * L >= kConvCudnnMinColumns) return kConvCudnn;
-  return w_channels_last && Cout * Cin * K >= kConvCudnnMinChannelsLastWeights ? kConvCudnn : kConvFused;
+  const int64_t weights = Cout * Cin * K;
+  const double w = static_cast<double>(weights), macs = w * static_cast<double>(B * L);
+  // MACs beyond which cuDNN is faster: (its time - 14 us) * the split kernel's rate
+  double cudnn_from;
+  if (!w_channels_last) cudnn_from = 4.8e6 * (21.0 - 14.0 + 11e-6 * w);
+  else if (weights >= kConvCudnnAlwaysChannelsLast) cudnn_from = 0.0;
+  else if (weights >= kConvCudnnSmallFilter) cudnn_from = 4.4e6 * (20.0 - 14.0 + 2.5e-6 * w);
+  else cudnn_from = 4.4e6 * (33.0 - 14.0);
+  return macs >= cudnn_from ? kConvCudnn : kConvFused;
 }
 constexpr int64_t kConvMaxK = 255;
 constexpr int64_t kConvMaxBlocks = 0x7fffffff;  // gridDim.x limit

@@ -19,10 +19,11 @@ import torch
 
 from . import ops as _ops
 
-__all__ = ["ddpm_step", "conv1d_gn_mish", "channels_last_weight", "use_kernelkit", "CONV_IMPLS"]
+__all__ = ["ddpm_step", "conv1d_gn_mish", "channels_last_weight", "preferred_weight_layout", "use_kernelkit",
+           "CONV_IMPLS", "CHANNELS_LAST_MIN_WEIGHTS"]
 
 #: conv1d_gn_mish implementations: auto picks "direct" for convolutions with few taps (Cin * K <= 64, the
-#: U-Net's first layer), else cuDNN for the convolution when B * L >= 256, else "fused"
+#: U-Net's first layer), else "cudnn" or "fused", whichever a cost model of both predicts faster
 CONV_IMPLS = {"auto": 0, "fused": 1, "cudnn": 2, "direct": 3}
 
 
@@ -58,7 +59,9 @@ def conv1d_gn_mish(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     from ATen ops. ``impl``: "fused" (two kernels: split convolution, then GroupNorm+Mish+epilogue),
     "cudnn" (cuDNN convolution, honouring ``torch.backends.cudnn.allow_tf32``, then the fused epilogue),
     "direct" (one kernel computing the convolution per output: for few taps Cin * K), "auto" (direct up to
-    64 taps while a (batch, group) slab's work stays small, else cuDNN from B * L >= 256 on, else fused).
+    64 taps while a (batch, group) slab's work stays small, else cuDNN or fused by a cost model of both:
+    the split kernel's time grows with B * L * Cout * Cin * K, cuDNN's with the weight's size, less so for a
+    channels-last weight, see ``channels_last_weight``).
     """
     code = CONV_IMPLS.get(impl, impl) if isinstance(impl, str) else int(impl)
     if not isinstance(code, int):
@@ -78,16 +81,30 @@ def channels_last_weight(weight: torch.Tensor) -> torch.Tensor:
     return weight.transpose(1, 2).contiguous().transpose(1, 2)
 
 
+#: use_kernelkit stores convolution weights channels-last from this many elements on. cuDNN's channels-last
+#: algorithm for smaller filters is slower than its transposing one (256x256x5, H100/H200: 33-36 vs 26-28 us
+#: per call at batch 16-32), and the split kernel reads them faster contiguous.
+CHANNELS_LAST_MIN_WEIGHTS = 1 << 19
+
+
+def preferred_weight_layout(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` as :func:`use_kernelkit` stores it: :func:`channels_last_weight` from
+    ``CHANNELS_LAST_MIN_WEIGHTS`` elements on, else contiguous (same values either way)."""
+    if weight.numel() >= CHANNELS_LAST_MIN_WEIGHTS:
+        return channels_last_weight(weight)
+    return weight.contiguous()
+
+
 def use_kernelkit(model, enable: bool = True):
     """Route the Conv1dBlocks (and their FiLM/residual) of a ``reference.unet1d.ConditionalUnet1D`` through
     :func:`conv1d_gn_mish` (``enable=False``: back to plain PyTorch). On CUDA the blocks' convolution
-    weights move to :func:`channels_last_weight`'s layout (same values and shapes; back to contiguous with
-    ``enable=False``). Returns the model."""
+    weights of ``CHANNELS_LAST_MIN_WEIGHTS`` elements or more move to :func:`channels_last_weight`'s layout
+    (same values and shapes; back to contiguous with ``enable=False``). Returns the model."""
     from .reference.unet1d import Conv1dBlock
 
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, Conv1dBlock) and m.block[0].weight.is_cuda:
                 w = m.block[0].weight
-                w.data = channels_last_weight(w.data) if enable else w.data.contiguous()
+                w.data = preferred_weight_layout(w.data) if enable else w.data.contiguous()
     return model.set_conv_block_op(conv1d_gn_mish if enable else None)

@@ -106,14 +106,25 @@ def test_large_values_and_deterministic(impl, offset):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape,impl", (((1, 512, 1024, 4), "cudnn"), ((1, 256, 256, 8), "fused")))
-def test_auto_with_channels_last_weight(shape, impl):
-    """A channels-last weight needs no transpose in cuDNN: auto hands large ones to cuDNN even at batch 1
-    (bit for bit the "cudnn" result) and keeps small ones on the split kernel."""
+@pytest.mark.parametrize("shape,channels_last,impl", (
+    ((1, 512, 1024, 4), True, "cudnn"),    # a channels-last weight needs no transpose: cuDNN even at batch 1
+    ((1, 256, 256, 8), True, "fused"),     # small filters: cuDNN's channels-last algorithm is slow
+    ((64, 256, 256, 8), True, "cudnn"),    # ... until the split kernel has enough work
+    ((16, 512, 512, 8), True, "cudnn"),    # mid-size filter, batch 16: 26 vs 57 us
+    ((1, 1024, 256, 8), True, "fused"),
+    ((8, 512, 512, 8), False, "fused"),    # contiguous weight: cuDNN pays a filter transpose per call
+    ((32, 1024, 1024, 4), False, "cudnn"),  # ... which large batches repay (78 vs 159 us)
+    ((16, 512, 512, 8), False, "cudnn"),
+))
+def test_auto_picks_by_cost(shape, channels_last, impl):
+    """impl=auto's choice between the split kernel and cuDNN (the cost model in conv_pick_impl), bit for bit
+    the chosen path's result (the two sum in different orders)."""
     x, w, *rest = _inputs(*shape, device="cuda")
-    wcl = kd.channels_last_weight(w)
-    got = kd.conv1d_gn_mish(x, wcl, *rest)
-    assert torch.equal(got, kd.conv1d_gn_mish(x, wcl, *rest, impl=impl))
+    wt = kd.channels_last_weight(w) if channels_last else w
+    got = kd.conv1d_gn_mish(x, wt, *rest)
+    assert torch.equal(got, kd.conv1d_gn_mish(x, wt, *rest, impl=impl))
+    other = "fused" if impl == "cudnn" else "cudnn"
+    assert not torch.equal(got, kd.conv1d_gn_mish(x, wt, *rest, impl=other))  # the check can tell them apart
     _close(got, ref(x, w, *rest))
 
 
@@ -150,6 +161,18 @@ def test_errors_cpu():
         kd.conv1d_gn_mish(x, w, bias, gamma, beta, impl="fast")
     with pytest.raises(ValueError, match=r"weight must be 3-D \(Cout, Cin, K\)"):
         kd.channels_last_weight(w[0])
+
+
+def test_preferred_weight_layout():
+    """use_kernelkit's layout: channels-last from CHANNELS_LAST_MIN_WEIGHTS elements, else contiguous; the
+    values never change."""
+    big = torch.randn(512, 512, 5)
+    small = kd.channels_last_weight(torch.randn(256, 256, 5))
+    assert big.numel() >= kd.CHANNELS_LAST_MIN_WEIGHTS > small.numel()
+    got = kd.preferred_weight_layout(big)
+    assert got.stride() == (512 * 5, 1, 512) and torch.equal(got, big)
+    got = kd.preferred_weight_layout(small)
+    assert got.is_contiguous() and torch.equal(got, small)
 
 
 @pytest.mark.gpu
