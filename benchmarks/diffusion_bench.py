@@ -10,6 +10,7 @@ End-to-end contenders (median time per denoise loop, CUDA events, after warm-up)
   kernelkit             fused Conv1dBlocks (+FiLM/residual epilogue; larger weights stored channels-last
                         by use_kernelkit) and fused DDPM step, Python loop
   kernelkit+graph       the kernelkit loop captured as one CUDA graph
+  kernelkit+compile     the kernelkit step under torch.compile(mode="reduce-overhead"), like torch.compile's
 Per op, "kernelkit" gets a (Cout, Cin, K)-contiguous weight and "kernelkit-cl" the weight as use_kernelkit
 stores it (kernelkit.diffusion.preferred_weight_layout: channels-last from 2^19 elements). Per-op timings (kernelkit.bench.time_together: device
 time, contenders in turn, paired ratio to torch.compile with a 95% interval) flush L2 before each
@@ -151,17 +152,21 @@ def bench_e2e(args, log) -> list:
                 "kernelkit": lambda: unet1d.denoise(kk_model, sched, x, obs, noise, kd.ddpm_step),
             }
             if args.compile:
-                step = torch.compile(functools.partial(unet1d.denoise_step, ref_model, sched.coeffs, step_fn=step_ref),
-                                     mode="reduce-overhead", dynamic=False)
+                def compiled_loop(model, step_fn):
+                    step = torch.compile(functools.partial(unet1d.denoise_step, model, sched.coeffs, step_fn=step_fn),
+                                         mode="reduce-overhead", dynamic=False)
 
-                def compiled_loop():
-                    xx = x
-                    for i in range(len(sched)):
-                        torch.compiler.cudagraph_mark_step_begin()
-                        xx = step(xx, sched.timesteps[i], obs, noise[i]).clone()
-                    return xx
+                    def loop():
+                        xx = x
+                        for i in range(len(sched)):
+                            torch.compiler.cudagraph_mark_step_begin()
+                            xx = step(xx, sched.timesteps[i], obs, noise[i]).clone()
+                        return xx
+                    return loop
 
-                loops["torch.compile"] = compiled_loop
+                loops["torch.compile"] = compiled_loop(ref_model, step_ref)
+                # the kernelkit model under torch.compile: its ops are opaque to Inductor, which fuses the rest
+                loops["kernelkit+compile"] = compiled_loop(kk_model, kd.ddpm_step)
             t0 = time.perf_counter()
             loops["pytorch+graph"] = unet1d.CUDAGraphDenoiser(ref_model, sched, x, obs, noise, step_ref)
             loops["kernelkit+graph"] = unet1d.CUDAGraphDenoiser(kk_model, sched, x, obs, noise, kd.ddpm_step)
@@ -196,7 +201,8 @@ def markdown(op_rows, e2e_rows) -> str:
                        + f" | {fmt_us(r.get('floor_us'))} | {vs('eager')} | {vc[0]} | {vc[1]} |")
         out.append("")
     if e2e_rows:
-        names = [k for k in ("eager", "torch.compile", "pytorch+graph", "kernelkit", "kernelkit+graph") if k in e2e_rows[0]]
+        names = [k for k in ("eager", "torch.compile", "pytorch+graph", "kernelkit", "kernelkit+graph",
+                             "kernelkit+compile") if k in e2e_rows[0]]
         out += ["| batch | " + " | ".join(names) + " | kernelkit+graph vs eager | vs torch.compile |",
                 "|---|" + "---|" * (len(names) + 2)]
         for r in e2e_rows:
