@@ -11,10 +11,11 @@ End-to-end contenders (median time per denoise loop, CUDA events, after warm-up)
                         by use_kernelkit) and fused DDPM step, Python loop
   kernelkit+graph       the kernelkit loop captured as one CUDA graph
   kernelkit+compile     the kernelkit step under torch.compile(mode="reduce-overhead"), like torch.compile's
-Per op, "kernelkit" gets a (Cout, Cin, K)-contiguous weight and "kernelkit-cl" the weight as use_kernelkit
-stores it (kernelkit.diffusion.preferred_weight_layout: channels-last from 2^19 elements). Per-op timings (kernelkit.bench.time_together: device
-time, contenders in turn, paired ratio to torch.compile with a 95% interval) flush L2 before each
-convolution (the U-Net's 263 MB of weights never stay in L2 in a real loop), not before the DDPM step (its
+Per op, "kernelkit" gets a (Cout, Cin, K)-contiguous weight, "kernelkit-model" the weight as use_kernelkit
+stores it (kernelkit.diffusion.preferred_weight_layout: channels-last from 2^19 elements) and
+"kernelkit-fused" the split kernel forced. Per-op timings (kernelkit.bench.time_together: device time,
+contenders in turn, paired ratio to torch.compile with a 95% interval) flush L2 before each convolution
+(the U-Net's 263 MB of weights never stay in L2 in a real loop), not before the DDPM step (its
 coefficient table does).
 TF32 settings are PyTorch's defaults unless --no-tf32. Goals (reported, not asserted): kernelkit+graph
 >= 3x eager and >= 1.3x torch.compile at batch 1.
@@ -69,7 +70,7 @@ def time_ops(row: dict, contenders: dict, args, flush: bool) -> None:
             raise t
         row[name] = t.median_us
     if "torch.compile" in res:
-        for name, key in (("kernelkit", "vs_compile_paired"), ("kernelkit-cl", "cl_vs_compile_paired")):
+        for name, key in (("kernelkit", "vs_compile_paired"), ("kernelkit-model", "model_vs_compile_paired")):
             if name in res:
                 r = paired_ratio(res[name].samples_us, res["torch.compile"].samples_us)
                 row[key] = [r.median, r.lo, r.hi]
@@ -102,10 +103,10 @@ def bench_ops(args, log) -> list:
             b = torch.randn(cout, device="cuda", generator=g) * bound
             gamma, beta = 1 + 0.1 * torch.randn(cout, device="cuda", generator=g), 0.1 * torch.randn(cout, device="cuda", generator=g)
             a = (x, w, b, gamma, beta, 8)
-            a_cl = (x, kd.preferred_weight_layout(w)) + a[2:]  # the weight as use_kernelkit stores it
-            contenders = {"kernelkit": lambda: kd.conv1d_gn_mish(*a), "kernelkit-cl": lambda: kd.conv1d_gn_mish(*a_cl)}
-            if batch * length >= 256:
-                contenders["kernelkit-fused"] = lambda: kd.conv1d_gn_mish(*a, impl="fused")
+            a_model = (x, kd.preferred_weight_layout(w)) + a[2:]  # the weight as use_kernelkit stores it
+            contenders = {"kernelkit": lambda: kd.conv1d_gn_mish(*a),
+                          "kernelkit-model": lambda: kd.conv1d_gn_mish(*a_model),
+                          "kernelkit-fused": lambda: kd.conv1d_gn_mish(*a, impl="fused")}
             contenders["eager"] = lambda: conv_ref(*a)
             if conv_c is not None:
                 contenders["torch.compile"] = lambda: conv_c(*a)
@@ -188,14 +189,14 @@ def bench_e2e(args, log) -> list:
 def markdown(op_rows, e2e_rows) -> str:
     out = []
     if op_rows:
-        names = ["kernelkit", "kernelkit-cl", "kernelkit-fused", "kernelkit-philox", "eager", "torch.compile"]
+        names = ["kernelkit", "kernelkit-model", "kernelkit-fused", "kernelkit-philox", "eager", "torch.compile"]
         names = [n for n in names if any(n in r for r in op_rows)]
         out += ["| op | shape | " + " | ".join(names) + " | floor | vs eager | vs compile (paired, 95% CI) "
-                "| kernelkit-cl vs compile |", "|---|---|" + "---|" * (len(names) + 4)]
+                "| kernelkit-model vs compile |", "|---|---|" + "---|" * (len(names) + 4)]
         for r in op_rows:
             kk = r["kernelkit"]
             vs = lambda k: f"{r[k] / kk:.2f}x" if r.get(k) else "-"  # noqa: E731
-            paired = [r.get(k) for k in ("vs_compile_paired", "cl_vs_compile_paired")]
+            paired = [r.get(k) for k in ("vs_compile_paired", "model_vs_compile_paired")]
             vc = [f"{pr[0]:.2f}x ({pr[1]:.2f}-{pr[2]:.2f})" if pr else "-" for pr in paired]
             out.append(f"| {r['op']} | {r['shape']} | " + " | ".join(fmt_us(r.get(n)) for n in names)
                        + f" | {fmt_us(r.get('floor_us'))} | {vs('eager')} | {vc[0]} | {vc[1]} |")

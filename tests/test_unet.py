@@ -81,13 +81,11 @@ def test_switch_moves_conv_weights_to_channels_last_and_back():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     blocks = [m.block[0].weight for m in model.modules() if isinstance(m, unet1d.Conv1dBlock)]
     kd.use_kernelkit(model)
-    big = [w for w in blocks if w.numel() >= kd.CHANNELS_LAST_MIN_WEIGHTS]
-    assert 0 < len(big) < len(blocks)  # the U-Net has both: 256x256x5 filters stay contiguous
-    for w in blocks:
-        if w.numel() >= kd.CHANNELS_LAST_MIN_WEIGHTS:
-            assert w.stride() == (w.shape[1] * w.shape[2], 1, w.shape[1]), w.shape
-        else:
-            assert w.is_contiguous(), w.shape
+    big = [w.numel() >= kd.CHANNELS_LAST_MIN_WEIGHTS for w in blocks]
+    assert 0 < sum(big) < len(blocks)  # the U-Net has both: 256x256x5 filters stay contiguous
+    for w, channels_last in zip(blocks, big):
+        _, cin, k = w.shape
+        assert w.stride() == ((cin * k, 1, cin) if channels_last else (cin * k, k, 1)), w.shape
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     kd.use_kernelkit(model, False)
     assert all(p.is_contiguous() for p in model.parameters())
