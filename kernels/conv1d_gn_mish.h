@@ -97,11 +97,10 @@ constexpr int64_t kConvDirectMaxBlockMacs = int64_t{1} << 20;
 //  - split kernel: 14 us + MACs / (4.8 MACs per ps; 4.4 reading a channels-last weight);
 //  - cuDNN, contiguous weight: 21 us + 11 us per million weights (it transposes the filter on every call);
 //  - cuDNN, channels-last weight: 20 us + 2.5 us per million weights; below 2^19 weights its algorithm
-//    takes ~33 us whatever the size (256x256x5: 31-35 us at batch 1-32);
+//    takes ~33 us whatever the size;
 //  - from 2^21 channels-last weights cuDNN wins at any batch: there the split kernel, short of output
-//    columns, is bound by reading the weight in short runs (batch 1, 1024x1024x5: 49 vs 37 us).
-// The picks are within 9% of the faster path in all 160 measured cases (the old B * L >= 256 rule: up to
-// 2.3x slower, e.g. batch 16-32 with 512 or more channels).
+//    columns, is bound by reading the weight in short runs.
+// Fit and accuracy: docs/performance.md ("Cost model").
 constexpr int64_t kConvCudnnSmallFilter = int64_t{1} << 19;
 constexpr int64_t kConvCudnnAlwaysChannelsLast = int64_t{1} << 21;
 

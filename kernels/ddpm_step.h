@@ -53,7 +53,7 @@ template <typename A> struct DdpmStepMath {
 // The step as an elementwise functor of (eps, x, z) for common/elementwise.cuh: prepare() reads the
 // timestep and its coefficient row on the device, once per tile, after the tile's loads are issued. Both
 // reads take the read-only path (ld.global.nc): the two dependent reads are on every tile's critical
-// path, and there they cost ~0.2 us less on an H100 (small shapes: 0.96x -> 1.02x torch.compile).
+// path, where that path measured faster (docs/performance.md, "ddpm_step").
 template <typename A> struct DdpmStepOp {
   const int64_t* timestep;
   const float* coeffs;

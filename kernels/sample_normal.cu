@@ -14,11 +14,12 @@
 namespace kk {
 
 // Philox costs 20 dependent multiplies per chunk, so each thread keeps several independent chunks in
-// flight (ILP). The grid depends on what binds, measured at d = 100000, n = 1024 (README):
+// flight (ILP). The grid depends on what binds, each choice the fastest measured (docs/performance.md,
+// "sample_normal / Launch shape"):
 //  - where DRAM outruns the SMs (an H200 writes ~19 bytes per SM cycle) the arithmetic binds: a
-//    persistent grid-stride loop over 4 waves avoids block turnover (114 us; one block per tile 121-126 us);
+//    persistent grid-stride loop over 4 waves avoids block turnover;
 //  - elsewhere (an H100: ~13 bytes per SM cycle) the stores bind: one block per tile keeps the write front
-//    compact (133 us; two persistent waves 147 us; a plain store of the same bytes 128 us).
+//    compact.
 constexpr int kSnBlock = 256, kSnUnroll = 4, kSnMinBlocks = 4, kSnWaves = 4;
 constexpr int64_t kSnTile = int64_t{kSnBlock} * kSnUnroll;
 
@@ -40,9 +41,8 @@ struct RowOf64 {
 // Stores chunk values x[0 .. cnt) (cnt = 0 past the end) to out[p ..] where rows are ragged (n % 4 != 0) or
 // `out` is not aligned for 4-element stores. A warp's chunks are consecutive, so its elements fill one
 // contiguous range of at most 128: staged in shared memory, then stored with consecutive lanes writing
-// consecutive elements. Measured on an H100 at d = 100000, n = 1023: 167 us, against 288 us for the
-// previous one-wave 2-D kernel and 322 us for each thread's own scalar stores (their sectors split
-// across four store instructions); staging the whole block to store 16-byte groups took 192 us.
+// consecutive elements, the fastest of the store variants measured (each thread's own scalar stores split
+// their sectors across four store instructions): docs/performance.md ("Ragged rows and unaligned outputs").
 template <typename T, typename A>
 __device__ __forceinline__ void store_warp_range(T* __restrict__ out, int64_t p, int cnt, const A (&x)[4],
                                                  T (&stage)[128]) {

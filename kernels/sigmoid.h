@@ -12,7 +12,8 @@
 namespace kk {
 
 // 1 / d for d in [1, 2]. On the GPU in float: the hardware reciprocal (__fdividef, <= 2 ulp in that
-// range); an IEEE division's slow-path check made small sigmoids 2-5% slower (measured, README).
+// range); an IEEE division's slow-path check made small sigmoids slower (docs/performance.md, "Other
+// elementwise probes").
 // Elsewhere, and in double, the division.
 template <typename A> KK_HD A recip_1_to_2(A d) {
 #if defined(__CUDA_ARCH__)

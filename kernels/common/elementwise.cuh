@@ -2,27 +2,10 @@
 //
 // The functor takes and returns the accumulation type (float for half/bfloat16/float, double for
 // double). Each block owns one tile of `unroll` x blockDim accesses: all of a thread's loads are issued
-// before its first store, and the grid covers the tensor once (PyTorch's launch shape; on an H200 a
-// one-wave grid-stride loop streams a 2^28 float add ~5% slower, 779-792 vs 738 us). The access shape
-// depends on what binds (common/launch.cuh, dram_outruns_sms) and on the size; each rule was measured
-// side by side against the others and torch.compile (README, "access shape"):
-//  - where DRAM outruns the SMs (H200): 16-byte accesses, 2 per thread, 128-thread blocks, the fewest
-//    instructions per byte once DRAM streams (8-byte accesses are 1-3% slower there); a single input
-//    below 32 MiB takes one 16-byte access per thread, 256-thread blocks (4.74 vs 4.82 us at 2^12);
-//  - elsewhere (H100): streaming (from 32 MiB), several inputs take one 8-byte access per input and
-//    thread, 256-thread blocks (1-1.6% faster: 2^28 float add 1041 vs 1058 us; torch.compile's autotuner
-//    compiles this shape there too; 512-thread blocks once an operand reaches 1 GiB); from 1 to 32 MiB,
-//    two inputs take 16-byte accesses, 4 per thread, 256 threads (1-3% faster than 8-byte ones at
-//    2^20-2^22 floats); below 1 MiB, two inputs take the H200's 16 B x 2 x 128 (1.1-2.2% faster than
-//    8-byte accesses at 2^16-2^20, paired rounds). A single input takes 16-byte accesses, one per thread,
-//    256-thread blocks (a thread keeps 16 bytes of loads in flight; 8 cost sigmoid 6%, 512-thread blocks
-//    1%);
-//  - three inputs (ddpm_step, whose functor reads a coefficient row per tile) take one 16-byte access per
-//    thread, 256-thread blocks, except below 1 MiB and, on the H100, from 32 MiB (8-byte accesses).
-//    Measured against torch.compile from 32 floats to 2^24: 16 B x 1 x 256 0.99-1.02x on the H200 from
-//    1 MiB (16 B x 2 x 128: 0.89-0.99x), and on the H100 1.00-1.02x from 2^18 to 2^22 (16 B x 4 x 256:
-//    0.87-0.97x). Below 1 MiB 8-byte accesses gain 1-3% on both GPUs (H100 1.02x where 16 B gave
-//    0.99-1.00x; H200 0.986/0.971/1.048x at 32/2048/28672 floats where 16 B gave 0.958/0.944/1.017x).
+// before its first store, and the grid covers the tensor once (PyTorch's launch shape). The access shape
+// (launch_elementwise) depends on what binds (common/launch.cuh, dram_outruns_sms), the number of inputs
+// and the operand size, because each rule measured fastest side by side with the others and
+// torch.compile: see docs/performance.md ("Elementwise: copy floor and access shapes").
 // Unaligned pointers take single-element accesses. `out` may alias an input exactly (each element is read
 // before it is written by the same thread); partial overlap is not allowed.
 #pragma once
@@ -38,7 +21,7 @@
 
 namespace kk {
 
-// Operand sizes (bytes) where the best shape changes (measured on an H100 and an H200, README):
+// Operand sizes (bytes) where the best shape changes (docs/performance.md, "Access shape"):
 constexpr int64_t kEwMidOperand = int64_t{1} << 20;     // from 1 MiB: two inputs 16 B x 4 (H100), three 16 B x 1
 constexpr int64_t kEwStreamOperand = int64_t{32} << 20;  // from 32 MiB: DRAM streaming shapes
 constexpr int64_t kEwLargeOperand = int64_t{1} << 30;   // from 1 GiB: the 8-byte shape takes 512 threads
@@ -69,10 +52,10 @@ template <typename F> __device__ __forceinline__ auto prepared(const F& f) {
 }
 
 // Index arithmetic of the kernel. Below kEwSmallIndexLimit elements indices are 32-bit and each block
-// does one tile (the load addresses come a few dependent instructions sooner, which small tensors feel:
-// 1-2% on an H100 at 2^12-2^18 floats); when the tiles also divide the tensor (`kEwExact`) there are no
-// bounds checks and no scalar tail, like inductor's unmasked kernels (2^16 float add on an H100: 1.011x
-// and 1.019x torch.compile in two probes, against 1.000x bounded; launch_elementwise_w says where not).
+// does one tile (the load addresses come a few dependent instructions sooner, which small tensors feel);
+// when the tiles also divide the tensor (`kEwExact`) there are no bounds checks and no scalar tail, like
+// inductor's unmasked kernels (launch_elementwise_w says where not). Both measured faster at small sizes:
+// docs/performance.md ("Other elementwise probes").
 // Above the limit (`kEwInt64`), 64-bit indices and the block loop striding by the grid (any int64 size,
 // past the 2^31 - 1 block limit too).
 enum EwIndex : int { kEwExact, kEwInt32, kEwInt64 };
@@ -141,8 +124,8 @@ cudaError_t launch_elementwise_w(T* out, InPtrs<T, NIn> in, int64_t n, F f, cuda
     return cudaGetLastError();
   }
   // Not for single-element accesses (unaligned operands), nor for functors with prepare(): without bounds
-  // checks the compiler issues the tile's loads after ddpm_step's timestep read returns (SASS), 0.90x
-  // torch.compile at 2048 elements on an H100 against 1.02x bounded.
+  // checks the compiler issues the tile's loads after ddpm_step's timestep read returns (SASS), which is
+  // slower (docs/performance.md, "ddpm_step").
   if constexpr (W > 1 && !HasPrepare<F>::value) {
     if (n % kTileElems == 0) {
       elementwise_kernel<T, W, U, B, NIn, kEwExact, F><<<grid, B, 0, stream>>>(out, in, n, f);
@@ -153,6 +136,12 @@ cudaError_t launch_elementwise_w(T* out, InPtrs<T, NIn> in, int64_t n, F f, cuda
   return cudaGetLastError();
 }
 
+// Access shapes, bytes per access x accesses per thread x threads per block ("wide": DRAM outruns the SMs):
+//  - one input: 16 x 2 x 128 streaming (from 32 MiB) on a wide device, else 16 x 1 x 256;
+//  - two inputs: below 1 MiB 16 x 2 x 128; from 1 to 32 MiB 16 x 4 x 256 (wide: 16 x 2 x 128); streaming
+//    8 x 1 x 256, 512 threads from 1 GiB (wide: 16 x 2 x 128);
+//  - three inputs: below 1 MiB 8 x 1 x 256; streaming on a device that is not wide as two inputs;
+//    otherwise 16 x 1 x 256.
 // Launch on `stream`; returns cudaGetLastError() (cudaSuccess for n == 0, nothing launched).
 template <typename T, int NIn, typename F>
 cudaError_t launch_elementwise(T* out, InPtrs<T, NIn> in, int64_t n, F f, cudaStream_t stream) {

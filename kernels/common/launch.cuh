@@ -50,8 +50,8 @@ inline double dram_bytes_per_sm_cycle() {
 }
 
 // Where DRAM outruns the SMs (an H200: ~18.4 bytes per SM cycle) streaming kernels want the fewest
-// instructions per byte; where it does not (an H100: ~12.8) other launch shapes win (measured:
-// common/elementwise.cuh, sample_normal.cu). 16 lies between the two measured devices.
+// instructions per byte; where it does not (an H100: ~12.8) other launch shapes win (docs/performance.md,
+// "Access shape" and "sample_normal"). 16 lies between the two measured devices.
 constexpr double kDramOutrunsSmsAbove = 16.0;
 inline bool dram_outruns_sms() { return dram_bytes_per_sm_cycle() > kDramOutrunsSmsAbove; }
 

@@ -15,9 +15,9 @@
 // Normals (Box-Muller, two per pair of 32-bit draws):
 //   double: exactly cuRAND's curand_normal4_double (53-bit uniforms, log, sqrt, sincospi).
 //   float:  u = (x + 1/2) 2^-32 as cuRAND, angle from the top 23 bits of y, and the hardware's
-//           approximate log2, sqrt, sin, cos (MUFU; PTX lg2/sqrt/sin/cos.approx). This is what makes
-//           the sampler memory-bound instead of instruction-bound (243 -> 119 us for 10^8 normals on an
-//           H200). Against the exact transform of the same bits: |dz| <= ~1e-6 (1 + |z|), plus up to
+//           approximate log2, sqrt, sin, cos (MUFU; PTX lg2/sqrt/sin/cos.approx), which moves the
+//           sampler toward memory-bound (docs/performance.md, "Transform and in-flight chunks").
+//           Against the exact transform of the same bits: |dz| <= ~1e-6 (1 + |z|), plus up to
 //           ~5e-7 / r where the radius r = sqrt(-2 ln u) is tiny (|z| near 0, u within ~1e-6 of 1).
 //           The tail reaches |z| = 6.76 (u >= 2^-33), as with cuRAND.
 #pragma once
