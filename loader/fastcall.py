@@ -5,7 +5,12 @@ It is built once per torch/Python/compiler into the kernelkit cache, like a card
 started by the first op that asks for it; until it is loaded the ops use their torch.ops callables and
 are then rebound (``on_ready``). Anything it cannot do falls back to the op's torch.ops callable: a failed
 build (no compiler, no Python headers), an op whose schema has argument types it does not convert, or a
-call it does not handle (tensor subclasses, modes, tracing). ``KERNELKIT_FASTCALL=0`` turns it off.
+call it does not handle (tensor subclasses, modes, tracing).
+
+``KERNELKIT_FASTCALL=0`` turns it off. Unset, a cached or prebuilt module is always loaded, but a missing
+one is built in the background only with ``MIN_BUILD_CPUS`` or more CPUs: the 10-14 s compile would
+compete with the user's work on a small machine and is often thrown away with a short-lived process.
+``KERNELKIT_FASTCALL=1`` builds it in the background whatever the CPU count; ``module()`` always does.
 """
 from __future__ import annotations
 
@@ -16,15 +21,17 @@ from typing import Callable, List, Optional
 
 import torch
 
+from . import aot, cache, progress, toolchain
 from . import build as _build
-from . import toolchain
-from .api import _make_target
+from .plan import make_target
 from .library import import_extension
 
 log = logging.getLogger("kernelkit")
 
 MODULE_NAME = "_kernelkit_fastcall"
 SOURCE = toolchain.CSRC / "kernelkit" / "fastcall.cpp"
+
+MIN_BUILD_CPUS = 4  # fewer CPUs: no background build unless KERNELKIT_FASTCALL=1 asks for one
 
 _LOCK = threading.Lock()  # building/loading the module
 _START = threading.Lock()  # starting the background thread that does it
@@ -34,13 +41,26 @@ _ON_READY: List[Callable[[], None]] = []
 
 def enabled() -> bool:
     """``KERNELKIT_FASTCALL`` is not ``0`` (read whenever an op is wrapped)."""
-    return os.environ.get("KERNELKIT_FASTCALL", "1") != "0"
+    return os.environ.get("KERNELKIT_FASTCALL", "") != "0"
+
+
+def background_build_pays() -> bool:
+    """Whether a background build of a missing module is worth it here: asked for (``KERNELKIT_FASTCALL=1``)
+    or enough CPUs to compile beside the user's work."""
+    if os.environ.get("KERNELKIT_FASTCALL", "") == "1":
+        return True
+    return (os.cpu_count() or 1) >= MIN_BUILD_CPUS
+
+
+def ready_made(t: _build.Target) -> bool:
+    """Whether the module for ``t`` is prebuilt or in the cache, so loading it compiles nothing."""
+    return cache.verified_library(t.name, t.key) is not None or aot.find_prebuilt(t) is not None
 
 
 def target() -> _build.Target:
     text = SOURCE.read_text()
     unit = _build.plan_unit("cpp", SOURCE, text, [toolchain.CSRC], [], [], "kernelkit/fastcall.cpp", optimize="-O2")
-    return _make_target("fastcall", [unit], False, MODULE_NAME, [], {"kernelkit/fastcall.cpp": text.splitlines()})
+    return make_target("fastcall", [unit], False, MODULE_NAME, [], {"kernelkit/fastcall.cpp": text.splitlines()})
 
 
 def module():
@@ -53,8 +73,6 @@ def module():
     with _LOCK:
         if not _STATE["tried"]:
             try:
-                from . import aot
-
                 t = target()
                 so = aot.find_prebuilt(t) or _build.build(t)[0]
                 _STATE["module"] = import_extension(MODULE_NAME, so)
@@ -72,13 +90,28 @@ def module():
     return _STATE["module"]
 
 
+def _background() -> None:
+    """Load the module if it is ready-made; build it first only where that pays (announced, once)."""
+    try:
+        fresh = not ready_made(target())
+    except Exception:  # noqa: BLE001 - module() meets the same problem and reports it
+        fresh = True
+    if fresh and not background_build_pays():
+        log.info("kernelkit: not building the fast call module in the background on %s CPU(s) (set "
+                 "KERNELKIT_FASTCALL=1 to); kernelkit.ops calls go through torch.ops", os.cpu_count())
+        return
+    if fresh:
+        progress.say("building kernelkit's fast call module in the background (once per torch version)")
+    module()
+
+
 def prepare() -> None:
-    """Start module() in a background thread, unless it is done or running."""
+    """Start loading (or building, where it pays) the module in a background thread, once per process."""
     if _STATE["tried"] or not enabled():
         return
     with _START:
         if _STATE["thread"] is None:
-            _STATE["thread"] = threading.Thread(target=module, name="kernelkit-fastcall", daemon=True)
+            _STATE["thread"] = threading.Thread(target=_background, name="kernelkit-fastcall", daemon=True)
             _STATE["thread"].start()
 
 

@@ -6,7 +6,7 @@ import os
 import sys
 import threading
 import time
-from typing import Optional
+from typing import List, Optional
 
 
 def verbosity() -> int:
@@ -32,9 +32,23 @@ def _notebook_display():
         return None
 
 
+_OUT = threading.Lock()  # one writer of stderr at a time: concurrent builds each report
+_LIVE: List["Status"] = []  # the one Status redrawing a terminal line in place, if any
+
+
+def _line_out(line: str) -> None:
+    """Write ``line`` to stderr, above the status line being redrawn in place, if there is one."""
+    with _OUT:
+        if _LIVE:
+            sys.stderr.write("\r" + line + "\033[K\n" + _LIVE[0]._line())
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
 def say(message: str) -> None:
     if verbosity() > 0:
-        print(f"kernelkit: {message}", file=sys.stderr, flush=True)
+        _line_out(f"kernelkit: {message}")
 
 
 class Status:
@@ -63,14 +77,26 @@ class Status:
         if self._handle is not None:
             self._handle.update({"text/plain": self._line()}, raw=True)
         elif self._tty:
-            sys.stderr.write("\r" + self._line())
-            sys.stderr.flush()
+            with _OUT:
+                sys.stderr.write("\r" + self._line() + "\033[K")
+                sys.stderr.flush()
+
+    def _claim_terminal(self) -> bool:
+        """Whether this status may redraw the terminal's last line: only one at a time may, the others
+        (concurrent builds) print start and end lines above it."""
+        if not sys.stderr.isatty():
+            return False
+        with _OUT:
+            if _LIVE:
+                return False
+            _LIVE.append(self)
+            return True
 
     def __enter__(self) -> "Status":
         if verbosity() <= 0:
             return self
         self._handle = _notebook_display()
-        self._tty = self._handle is None and sys.stderr.isatty()
+        self._tty = self._handle is None and self._claim_terminal()
         if self._handle is None and not self._tty:
             say(self.message + " ...")
         else:
@@ -86,14 +112,16 @@ class Status:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        if verbosity() <= 0:
-            return
         verdict = "failed" if exc_type else "done"
         final = f"kernelkit: {self.message} ({verdict} in {self.elapsed:.1f} s)"
-        if self._handle is not None:
+        if self._tty:  # it claimed the terminal's line (the verbosity allowed it then): finish and release
+            with _OUT:
+                sys.stderr.write("\r" + final + "\033[K\n")
+                sys.stderr.flush()
+                _LIVE.remove(self)
+        elif verbosity() <= 0:
+            return
+        elif self._handle is not None:
             self._handle.update({"text/plain": final}, raw=True)
-        elif self._tty:
-            sys.stderr.write("\r" + final + "\033[K\n")
-            sys.stderr.flush()
         else:
-            print(final, file=sys.stderr, flush=True)
+            _line_out(final)

@@ -72,6 +72,17 @@ def html_table(headers: Sequence[str], rows: Sequence[Sequence[object]], title: 
 
 # ---------------------------------------------------------------------------------------------- plots
 
+#: lines that bound a sweep from below rather than compete in it: drawn on the time plot only
+FLOORS = {"floor": dict(color="k", linestyle="--", label="floor (bytes moved / measured bandwidth)"),
+          "copy": dict(color="0.45", linestyle=":", label="copy of the same bytes")}
+
+
+def sweep_title(op: str, device: str, device_name: str, dtype: str) -> str:
+    """"sigmoid, float32 on NVIDIA H100 80GB HBM3" (or "... on CPU: x86_64 (16 threads)")."""
+    where = device_name if device.startswith("cuda") else f"CPU: {device_name}"
+    return f"{op}, {dtype} on {where}"
+
+
 def _pyplot():
     import matplotlib
 
@@ -82,62 +93,101 @@ def _pyplot():
     return plt
 
 
-def plot_sweep(series: Dict[str, List[dict]], xlabel: str, title: str, out_dir, stem: str,
-               baseline: str = "eager") -> List[Path]:
-    """PNG plots of a size sweep. ``series`` maps contender -> points ``{x, median_us, p20_us, p80_us,
-    pct_bw}`` (the "floor" contender is drawn dashed). Writes ``<stem>_time.png``, ``<stem>_speedup.png``
-    (vs ``baseline``) and ``<stem>_bandwidth.png``; returns their paths."""
-    plt = _pyplot()
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    timed = {k: [p for p in v if p.get("median_us")] for k, v in series.items()}
-    timed = {k: v for k, v in timed.items() if v}
+def _timed(series: Dict[str, List[dict]]) -> Dict[str, List[dict]]:
+    """The timed points of each contender, sorted by x so that a line joins neighbouring sizes."""
+    out = {}
+    for name, points in series.items():
+        points = sorted((p for p in points if p.get("median_us")), key=lambda p: p["x"])
+        if points:
+            out[name] = points
+    return out
 
-    def figure(name: str, ylabel: str, draw) -> None:
+
+def _draw_time(ax, timed: Dict[str, List[dict]]) -> None:
+    for name, pts in timed.items():
+        xs = [p["x"] for p in pts]
+        if name in FLOORS:
+            ax.plot(xs, [p["median_us"] for p in pts], **FLOORS[name])
+            continue
+        (line,) = ax.plot(xs, [p["median_us"] for p in pts], marker="o", markersize=3, label=name)
+        if all(p.get("p20_us") for p in pts):
+            ax.fill_between(xs, [p["p20_us"] for p in pts], [p["p80_us"] for p in pts], color=line.get_color(),
+                            alpha=0.2, linewidth=0)
+    ax.set_yscale("log")
+    fastest = min((p["median_us"] for k, pts in timed.items() if k not in FLOORS for p in pts), default=None)
+    if fastest is not None and ax.get_ylim()[0] < fastest / 10:  # a floor far below would flatten the contenders
+        ax.set_ylim(bottom=fastest / 10)
+
+
+def _draw_speedup(ax, timed: Dict[str, List[dict]], ours: str) -> None:
+    import matplotlib.ticker as ticker
+
+    mine = {p["x"]: p["median_us"] for p in timed[ours]}
+    ratios = [1.0]
+    for name, pts in timed.items():
+        if name == ours or name in FLOORS:
+            continue
+        pts = [p for p in pts if p["x"] in mine]
+        ys = [p["median_us"] / mine[p["x"]] for p in pts]
+        ax.plot([p["x"] for p in pts], ys, marker="o", markersize=3, label=f"vs {name}")
+        ratios += ys
+    ax.axhline(1.0, color="k", linewidth=0.9, label="1× (as fast)")
+    ax.set_yscale("log")
+    # within a decade, 1-2-5 ticks would leave one or two labels on the axis
+    subs = (1.0, 2.0, 5.0) if max(ratios) / min(ratios) > 10 else (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.0)
+    ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=subs))
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}×"))
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+
+
+def _draw_bandwidth(ax, timed: Dict[str, List[dict]]) -> None:
+    for name, pts in timed.items():
+        pts = [p for p in pts if p.get("pct_bw") is not None]
+        if pts and name not in FLOORS:
+            ax.plot([p["x"] for p in pts], [p["pct_bw"] for p in pts], marker="o", markersize=3, label=name)
+    ax.axhline(100.0, color="k", linestyle="--", linewidth=0.8, label="measured bandwidth")
+
+
+def sweep_figures(series: Dict[str, List[dict]], xlabel: str, title: str, ours: Optional[str] = None) -> Dict[str, object]:
+    """matplotlib figures of a size sweep, by name: "time" (every contender, the floors as lines),
+    "speedup" (``ours``, default the first contender, against each other contender, log scale) and
+    "bandwidth" (% of the measured bandwidth). ``series`` maps contender -> points ``{x, median_us,
+    p20_us, p80_us, pct_bw}``; "floor" and "copy" are floors (``FLOORS``)."""
+    plt = _pyplot()
+    timed = _timed(series)
+    ours = ours or next((k for k in timed if k not in FLOORS), None)
+    rivals = [k for k in timed if k != ours and k not in FLOORS]
+    panels = {"time": ("median time (µs)", lambda ax: _draw_time(ax, timed))}
+    if ours in timed and rivals:
+        panels["speedup"] = (f"{ours} speedup (×, log scale)", lambda ax: _draw_speedup(ax, timed, ours))
+    if any(p.get("pct_bw") is not None for k, pts in timed.items() if k not in FLOORS for p in pts):
+        panels["bandwidth"] = ("% of measured device bandwidth", lambda ax: _draw_bandwidth(ax, timed))
+    figures = {}
+    for name, (ylabel, draw) in panels.items():
         fig, ax = plt.subplots(figsize=(7, 4.2))
         draw(ax)
         ax.set_xscale("log")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
-        ax.set_title(title)
+        ax.set_title(f"{title}: {name}")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
+        figures[name] = fig
+    return figures
+
+
+def plot_sweep(series: Dict[str, List[dict]], xlabel: str, title: str, out_dir, stem: str,
+               ours: Optional[str] = None) -> List[Path]:
+    """Write :func:`sweep_figures` as ``<stem>_time.png``, ``<stem>_speedup.png`` and
+    ``<stem>_bandwidth.png`` (those drawn) into ``out_dir``; return their paths."""
+    plt = _pyplot()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, fig in sweep_figures(series, xlabel, title, ours).items():
         path = out_dir / f"{stem}_{name}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(path)
-
-    def draw_time(ax) -> None:
-        for name, pts in timed.items():
-            xs = [p["x"] for p in pts]
-            style = dict(linestyle="--", color="k") if name == "floor" else dict(marker="o", markersize=3)
-            ax.plot(xs, [p["median_us"] for p in pts], label=name, **style)
-            if name != "floor" and all(p.get("p20_us") for p in pts):
-                ax.fill_between(xs, [p["p20_us"] for p in pts], [p["p80_us"] for p in pts], alpha=0.2)
-        ax.set_yscale("log")
-
-    def draw_speedup(ax) -> None:
-        base = {p["x"]: p["median_us"] for p in timed.get(baseline, [])}
-        for name, pts in timed.items():
-            if name == baseline:
-                continue
-            pts = [p for p in pts if p["x"] in base]
-            style = dict(linestyle="--", color="k") if name == "floor" else dict(marker="o", markersize=3)
-            ax.plot([p["x"] for p in pts], [base[p["x"]] / p["median_us"] for p in pts], label=name, **style)
-        ax.axhline(1.0, color="grey", linewidth=0.8)
-
-    def draw_bw(ax) -> None:
-        for name, pts in timed.items():
-            pts = [p for p in pts if p.get("pct_bw") is not None and name != "floor"]
-            if pts:
-                ax.plot([p["x"] for p in pts], [p["pct_bw"] for p in pts], marker="o", markersize=3, label=name)
-        ax.axhline(100.0, color="k", linestyle="--", linewidth=0.8, label="measured bandwidth")
-
-    figure("time", "median time (µs)", draw_time)
-    if baseline in timed and len(timed) > 1:
-        figure("speedup", f"speedup vs {baseline} (×)", draw_speedup)
-    if any(p.get("pct_bw") is not None for pts in timed.values() for p in pts):
-        figure("bandwidth", "% of measured device bandwidth", draw_bw)
     return paths

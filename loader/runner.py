@@ -7,8 +7,10 @@ reported as measured on a GPU that was not.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
+import os
 import platform
 import sys
 import time
@@ -17,9 +19,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
 import torch
 
-from . import report
+from . import aot, api, cache, report
+from . import build as _build
 from .bench import BenchResult, bench, device_bandwidth, device_name, write_csv
+from .cards import all_cards
 from .check import CheckResult, check
+from .errors import KernelkitError
 
 CPU_MAX_NUMEL = 1 << 22  # CPU sweeps stop here: the GPU-sized sweeps would take minutes on a laptop
 
@@ -75,11 +80,71 @@ def environment(gpu: bool) -> Dict[str, Any]:
     return env
 
 
-def run_card(card, gpu: bool, opts: Options, say: Callable[[str], None]) -> CardRun:
-    """Build one card, then check and bench it where it can run here."""
-    from . import api
-    from .errors import KernelkitError
+@dataclasses.dataclass
+class Built:
+    """How a card's build went in :func:`build_all`."""
 
+    cached: bool = False
+    seconds: float = 0.0
+    error: Optional[str] = None
+
+    @property
+    def cell(self) -> str:
+        return "FAIL" if self.error else "cached" if self.cached else f"built {self.seconds:.1f} s"
+
+
+def _failure(e: BaseException) -> str:
+    return str(e) if isinstance(e, KernelkitError) else f"{type(e).__name__}: {e}"
+
+
+def _plan(name: str, opts: Options) -> _build.Target:
+    """The card's build target, planned exactly as ``kernelkit.load`` plans it."""
+    ((_, target),) = aot.plan([name], arch=opts.arch, kernels_dir=opts.kernels_dir)
+    return target
+
+
+def _build_target(target: _build.Target) -> Built:
+    """Put ``target`` into the cache as ``kernelkit.load(..., load=False)`` would, without api's process-wide
+    lock, which would make concurrent builds wait for each other."""
+    if cache.verified_library(target.name, target.key) is not None or aot.find_prebuilt(target) is not None:
+        return Built(cached=True)
+    _, cached, seconds = _build.build(target)
+    return Built(cached, seconds)
+
+
+def build_all(names: Sequence[str], opts: Options, say: Callable[[str], None]) -> Dict[str, Built]:
+    """Build the cards ``names`` at the same time, min(cards, CPUs) at once; each build's failure is kept
+    as its card's. Builds are compiler processes, so threads suffice, and the cache's file locks keep
+    concurrent builders of a shared object apart. Planning (it imports the cards' specs) stays here."""
+    built: Dict[str, Built] = {}
+    targets = {}
+    for name in names:
+        if name == aot.FASTCALL:  # aot.plan reads this name as kernelkit's own module: run_card builds it
+            continue
+        try:
+            targets[name] = _plan(name, opts)
+        except Exception as e:  # noqa: BLE001 - a card that cannot be planned is that card's failure
+            built[name] = Built(error=_failure(e))
+    if not targets:
+        return built
+    workers = max(1, min(len(targets), os.cpu_count() or 1))
+    say(f"building {len(targets)} card(s), {workers} at a time")
+    pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="kernelkit-run-build")
+    try:
+        futures = {name: pool.submit(_build_target, target) for name, target in targets.items()}
+        for name, future in futures.items():
+            try:
+                built[name] = future.result()
+            except Exception as e:  # noqa: BLE001 - one card's build error must not stop the others
+                built[name] = Built(error=_failure(e))
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # on Ctrl-C, start no more builds
+    return built
+
+
+def run_card(card, gpu: bool, opts: Options, say: Callable[[str], None], built: Optional[Built] = None) -> CardRun:
+    """Check and bench one card where it can run here, after its build (``built`` by :func:`build_all`,
+    else built now)."""
     cr = CardRun(card.name, has_cuda=card.has_cuda)
     try:
         spec = card.spec
@@ -96,15 +161,19 @@ def run_card(card, gpu: bool, opts: Options, say: Callable[[str], None]) -> Card
         cr.mode = device or "build-only"
     if spec is None and cr.ok:
         cr.notes.append("no spec (kernels/<op>.py): built only")
+    if built is not None and built.error:
+        cr.build = "FAIL"
+        cr.fail("build", built.error)
+        return cr
     t0 = time.perf_counter()
     try:
         lib = api.load(card.name, kernels_dir=opts.kernels_dir, arch=opts.arch, load=device is not None)
-        cr.build = "cached" if lib.cached else f"built {lib.build_seconds:.1f} s"
     except KernelkitError as e:
         cr.build = "FAIL"
         cr.fail("build", str(e))
         return cr
-    say(f"{card.name}: build {cr.build} ({time.perf_counter() - t0:.1f} s), mode {cr.mode}")
+    cr.build = built.cell if built is not None else "cached" if lib.cached else f"built {lib.build_seconds:.1f} s"
+    say(f"{card.name}: build {cr.build} (load {time.perf_counter() - t0:.1f} s), mode {cr.mode}")
     if device is None:
         return cr
     op = spec.resolve_op(lib)
@@ -132,9 +201,8 @@ def run_card(card, gpu: bool, opts: Options, say: Callable[[str], None]) -> Card
 
 def run(ops: Optional[Sequence[str]] = None, out_dir="kernelkit-report", opts: Optional[Options] = None,
         stream: Optional[TextIO] = None) -> Tuple[int, List[CardRun]]:
-    """The main job. Returns (exit code, per-card results): non-zero when a build or check failed."""
-    from .cards import all_cards
-
+    """The main job: build the cards in parallel, then check and bench them one by one, in order. Returns
+    (exit code, per-card results): non-zero when a build or check failed."""
     opts = opts or Options()
     stream = stream or sys.stdout
     t0 = time.perf_counter()
@@ -147,6 +215,7 @@ def run(ops: Optional[Sequence[str]] = None, out_dir="kernelkit-report", opts: O
     print(headline(env), file=stream, flush=True)
     cards = all_cards(opts.kernels_dir)
     names = list(ops) if ops else sorted(cards)
+    built = build_all([n for n in names if n in cards], opts, say)
     results = []
     for i, name in enumerate(names, 1):
         say(f"[{i}/{len(names)}] {name}")
@@ -154,7 +223,7 @@ def run(ops: Optional[Sequence[str]] = None, out_dir="kernelkit-report", opts: O
             cr = CardRun(name, build="FAIL")
             cr.fail("card", f"no card named {name!r} (have: {', '.join(sorted(cards)) or 'none'})")
         else:
-            cr = run_card(cards[name], gpu, opts, say)
+            cr = run_card(cards[name], gpu, opts, say, built.get(name))
         results.append(cr)
     env["wall_s"] = round(time.perf_counter() - t0, 1)
     out = write_report(Path(out_dir), env, results)

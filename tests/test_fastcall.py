@@ -275,3 +275,59 @@ def test_build_failure_falls_back_to_torch_ops(probe_lib, monkeypatch, tmp_path,
     assert fastcall.wrap(ov) is ov._op
     assert "BuildError" in fastcall.error()
     assert "fast op call path is unavailable" in caplog.text
+
+
+# ------------------------------------------------------------------ when the background build starts
+
+@pytest.fixture
+def background(monkeypatch):
+    """A fresh fast call state with module() replaced by a spy: ``run(cpus, ready_made)`` starts
+    prepare()'s thread, waits for it and returns how often module() was called."""
+    monkeypatch.setattr(fastcall, "_STATE", {"module": None, "tried": False, "error": None, "thread": None})
+    monkeypatch.setenv("KERNELKIT_VERBOSE", "1")
+    calls = []
+    monkeypatch.setattr(fastcall, "module", lambda: calls.append(1))
+
+    def run(cpus, ready_made):
+        monkeypatch.setattr(fastcall.os, "cpu_count", lambda: cpus)
+        monkeypatch.setattr(fastcall, "ready_made", lambda t: ready_made)
+        fastcall.prepare()
+        fastcall.prepare()  # a second op asking starts nothing more
+        fastcall._STATE["thread"].join(30)
+        return len(calls)
+
+    return run
+
+
+ANNOUNCEMENT = "building kernelkit's fast call module in the background"
+
+
+def test_no_background_build_on_a_small_machine(background, monkeypatch, capsys):
+    monkeypatch.delenv("KERNELKIT_FASTCALL", raising=False)
+    assert background(cpus=2, ready_made=False) == 0
+    assert ANNOUNCEMENT not in capsys.readouterr().err
+
+
+def test_background_build_asked_for_on_a_small_machine(background, monkeypatch, capsys):
+    monkeypatch.setenv("KERNELKIT_FASTCALL", "1")
+    assert background(cpus=2, ready_made=False) == 1
+    assert capsys.readouterr().err.count(ANNOUNCEMENT) == 1
+
+
+def test_background_build_on_a_big_machine(background, monkeypatch, capsys):
+    monkeypatch.delenv("KERNELKIT_FASTCALL", raising=False)
+    assert background(cpus=fastcall.MIN_BUILD_CPUS, ready_made=False) == 1
+    assert capsys.readouterr().err.count(ANNOUNCEMENT) == 1
+
+
+def test_a_cached_module_is_loaded_on_a_small_machine_without_announcement(background, monkeypatch, capsys):
+    monkeypatch.delenv("KERNELKIT_FASTCALL", raising=False)
+    assert background(cpus=1, ready_made=True) == 1
+    assert ANNOUNCEMENT not in capsys.readouterr().err
+
+
+def test_disabled_starts_no_thread(monkeypatch):
+    monkeypatch.setattr(fastcall, "_STATE", {"module": None, "tried": False, "error": None, "thread": None})
+    monkeypatch.setenv("KERNELKIT_FASTCALL", "0")
+    fastcall.prepare()
+    assert fastcall._STATE["thread"] is None and fastcall.module() is None

@@ -6,12 +6,17 @@ say so in the report, and fail (exit 1) on a failing check or a failing build.
 import json
 import subprocess
 import sys
+import threading
+import time
+import types
 from pathlib import Path
 
 import pytest
 import torch
 
+from kernelkit import runner
 from kernelkit.cli import main
+from kernelkit.errors import KernelkitError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -75,6 +80,82 @@ def test_cli_check_and_bench(tmp_path, capsys):
     assert all(f.is_file() for f in files) and (tmp_path / "plots" / "kk_add_skip_last_time.png").is_file()
     assert main(["bench", "kk_add_skip_last", *cards, "--sizes", "1024", "--budget-ms", "5", "--copy-floor"]) == 0
     assert "kernelkit vs copy (95% CI)" in capsys.readouterr().out
+
+
+class FakeBuilds:
+    """Stands in for the compiler: each build takes ``seconds``, the card ``broken`` fails, and the most
+    builds that ran at once is recorded."""
+
+    def __init__(self, names, broken, seconds=0.3):
+        self.cards = {n: types.SimpleNamespace(name=n, spec=None, has_cuda=False) for n in names}
+        self.broken, self.seconds = broken, seconds
+        self.running = self.most = 0
+        self.lock = threading.Lock()
+        self.loaded = []
+
+    def install(self, monkeypatch):
+        monkeypatch.setattr(runner, "all_cards", lambda kernels_dir=None: self.cards)
+        monkeypatch.setattr(runner, "_plan", lambda name, opts: name)
+        monkeypatch.setattr(runner, "_build_target", self.build)
+        monkeypatch.setattr(runner.api, "load", self.load)
+
+    def build(self, name):
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        time.sleep(self.seconds)
+        with self.lock:
+            self.running -= 1
+        if name == self.broken:
+            raise KernelkitError(f"{name}.cu:3: error: expected a ';'")
+        return runner.Built(cached=False, seconds=self.seconds)
+
+    def load(self, name, **kwargs):
+        assert kwargs["load"] is False  # no spec: built only
+        self.loaded.append(name)
+        return types.SimpleNamespace(cached=True, build_seconds=0.0)
+
+
+def test_run_builds_cards_concurrently_and_reports_a_broken_one(tmp_path, monkeypatch, capsys):
+    fake = FakeBuilds(["c_ok", "a_ok", "b_broken", "d_ok"], broken="b_broken")
+    fake.install(monkeypatch)
+    monkeypatch.setattr(runner.os, "cpu_count", lambda: 16)
+    t0 = time.perf_counter()
+    code, results = runner.run(out_dir=tmp_path / "report", opts=runner.Options(bench=False))
+    assert time.perf_counter() - t0 < 4 * fake.seconds  # one after another would take 4 x 0.3 s at least
+    assert fake.most == 4
+    assert code == 1
+    assert [r.name for r in results] == ["a_ok", "b_broken", "c_ok", "d_ok"]  # card order, not finish order
+    by_name = {r.name: r for r in results}
+    assert by_name["b_broken"].build == "FAIL" and not by_name["b_broken"].ok
+    assert by_name["b_broken"].errors == ["build: b_broken.cu:3: error: expected a ';'"]
+    for name in ("a_ok", "c_ok", "d_ok"):
+        assert by_name[name].ok and by_name[name].build == "built 0.3 s", by_name[name]
+    assert fake.loaded == ["a_ok", "c_ok", "d_ok"]  # the broken card is not built a second time
+    out = capsys.readouterr().out
+    assert "FAILED: b_broken" in out and "expected a ';'" in out
+
+
+def test_run_builds_at_most_one_card_per_cpu(tmp_path, monkeypatch):
+    fake = FakeBuilds(["a", "b", "c", "d", "e"], broken=None, seconds=0.1)
+    fake.install(monkeypatch)
+    monkeypatch.setattr(runner.os, "cpu_count", lambda: 2)
+    code, results = runner.run(out_dir=tmp_path / "report", opts=runner.Options(bench=False))
+    assert code == 0 and all(r.ok for r in results)
+    assert fake.most == 2
+
+
+def test_a_card_that_cannot_be_planned_fails_alone(monkeypatch):
+    def plan(name, opts):
+        if name == "bad":
+            raise SyntaxError("invalid syntax (bad.py, line 3)")
+        return name
+
+    monkeypatch.setattr(runner, "_plan", plan)
+    monkeypatch.setattr(runner, "_build_target", lambda name: runner.Built(cached=True))
+    built = runner.build_all(["good", "bad"], runner.Options(), say=lambda m: None)
+    assert built["good"].cell == "cached"
+    assert built["bad"].cell == "FAIL" and built["bad"].error == "SyntaxError: invalid syntax (bad.py, line 3)"
 
 
 @pytest.mark.gpu
