@@ -1,13 +1,30 @@
-"""``kernelkit`` command line: cache management and builds here; check/bench/run from the harness."""
+"""``kernelkit`` command line: cache management, listing and builds here; check/bench/run from the harness.
+
+``--help``, ``--version``, ``list`` and ``cache`` do not import torch; the commands that need it import it
+when they run.
+"""
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime
 import json
 import sys
-from typing import List, Optional
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
 
-from . import cache
+from . import __version__, cache, harness_cli, report
+from .cards import Card, search_path
+from .errors import KernelkitError
+
+
+DESCRIPTION = "Build, check and time the CUDA/C++ kernel cards on the search path, and manage the build cache."
+EXAMPLES = """examples:
+  kernelkit list                      the cards found, and where kernelkit looked
+  kernelkit check sigmoid             check a card against its PyTorch reference
+  kernelkit bench sigmoid --sizes 2**20 2**24
+  kernelkit run --quick               build, check and time every card; write a report
+  kernelkit <command> --help          the options of one command"""
 
 
 def _when(ts: float) -> str:
@@ -44,33 +61,144 @@ def cmd_cache(args) -> int:
         print(f"removed {cache.clear()} entries from {cache.cache_dir()}")
     elif args.action == "gc":
         print(f"removed {cache.gc(args.max_age_days)}")
+    elif args.action == "verify":
+        found = cache.verify(fix=args.fix)
+        bad = [f for f in found if f["status"] != "ok"]
+        if args.json:
+            print(json.dumps(found, indent=1))
+        for f in [] if args.json else bad:
+            done = "removed" if f["removed"] else "left: in use" if args.fix else "would be removed by --fix"
+            print(f"corrupt {f['kind']} {f['entry']}: {f['reason']} ({done})")
+        if not args.json:
+            print(f"{len(found) - len(bad)} entries ok, {len(bad)} corrupt")
+        return 1 if any(not f["removed"] for f in bad) else 0
+    return 0
+
+
+def _is_spec_call(node: ast.AST) -> bool:
+    func = getattr(node, "func", None)
+    return isinstance(node, ast.Call) and (getattr(func, "attr", None) or getattr(func, "id", None)) == "Spec"
+
+
+def _literal_sources(spec_file: Path) -> Optional[List[str]]:
+    """The ``sources=`` of the ``Spec(...)`` call in a spec file, read without running the file; None when
+    it passes none. ValueError when there is no such call or the value is computed; SyntaxError."""
+    calls = [n for n in ast.walk(ast.parse(spec_file.read_text(), str(spec_file))) if _is_spec_call(n)]
+    if len(calls) != 1:
+        raise ValueError(f"{spec_file}: not one Spec(...) call")
+    call = calls[0]
+    if len(call.args) > 4 or any(isinstance(a, ast.Starred) for a in call.args) or any(
+            kw.arg is None for kw in call.keywords):  # sources may be among *args / **kwargs
+        raise ValueError(f"{spec_file}: Spec(...) gets its arguments unpacked")
+    for kw in call.keywords:
+        if kw.arg == "sources":
+            value = ast.literal_eval(kw.value)
+            return None if value is None else [str(s) for s in value]
+    return None
+
+
+def _imported_sources(name: str, d: Path, spec_file: Path) -> Optional[List[str]]:
+    """The sources a spec names, by running it (and importing torch); None, with a note, when it raises."""
+    try:
+        spec = harness_cli.card_spec(Card(name, d, spec_file))
+    except harness_cli.SpecError as e:
+        print(f"note: {e}", file=sys.stderr)
+        return None
+    return list(spec.sources or []) if spec is not None else None
+
+
+def _card_sources(name: str, d: Path, spec_file: Optional[Path]) -> List[str]:
+    """The card's sources relative to ``d``, as Card.sources() gives them (its own file when its spec names
+    none or does not import)."""
+    listed = None
+    if spec_file is not None:
+        try:
+            listed = _literal_sources(spec_file)
+        except (ValueError, SyntaxError):  # not a plain `Spec(..., sources=[...])`: only running it tells
+            listed = _imported_sources(name, d, spec_file)
+    if listed:
+        return listed
+    return [f"{name}{ext}" for ext in (".cu", ".cpp") if (d / f"{name}{ext}").is_file()][:1]
+
+
+def _cards_in(d: Path, taken) -> List[dict]:
+    """The cards of one directory, by the rules of cards.all_cards (a file that another card's spec lists
+    besides its own is a part of that card, not a card)."""
+    names = dict.fromkeys(f.stem for f in sorted(d.iterdir())
+                          if f.suffix in (".cu", ".cpp") and f.stem.isidentifier() and f.stem not in taken)
+    rows, parts = [], set()
+    for name in names:
+        spec_file = d / f"{name}.py"
+        spec_file = spec_file if spec_file.is_file() else None
+        sources = _card_sources(name, d, spec_file)
+        own = {d / f"{name}{ext}" for ext in (".cu", ".cpp")}
+        if spec_file is not None:
+            parts |= {(d / s).resolve() for s in sources} - own
+        rows.append(({"name": name, "dir": str(d), "sources": sources, "cuda": any(s.endswith(".cu") for s in sources),
+                      "spec": str(spec_file) if spec_file else None}, own))
+    return [row for row, own in rows if row["spec"] or not own & parts]
+
+
+def list_cards(kernels_dir=None) -> Tuple[List[Path], List[dict]]:
+    """(the directories searched, one row per card on the search path), without importing the specs."""
+    dirs = search_path(kernels_dir)
+    found: Dict[str, dict] = {}
+    for d in dirs:
+        if d.is_dir():
+            for row in _cards_in(d, found):
+                found.setdefault(row["name"], row)
+    return dirs, [found[n] for n in sorted(found)]
+
+
+def cmd_list(args) -> int:
+    dirs, rows = list_cards(args.kernels_dir)
+    if args.json:
+        print(json.dumps({"searched": [str(d) for d in dirs], "cards": rows}, indent=1))
+        return 0
+    searched = ", ".join(str(d) + ("" if d.is_dir() else " (missing)") for d in dirs)
+    print(f"searched: {searched}")
+    if not rows:
+        print("no cards found (a card is <op>.cu or <op>.cpp, with <op>.h and optionally <op>.py)")
+        return 0
+    table = [(r["name"], "yes" if r["cuda"] else "no", "yes" if r["spec"] else "no", " ".join(r["sources"]), r["dir"])
+             for r in rows]
+    print(report.text_table(("card", "cuda", "spec", "sources", "directory"), table))
     return 0
 
 
 def cmd_build(args) -> int:
     """Fill the cache without loading (works without a GPU, given --arch)."""
-    from . import api, cards
-    from .errors import KernelkitError
+    from . import api
 
-    names = args.ops or sorted(cards.all_cards(args.kernels_dir))
     failed = 0
-    for name in names:
+    for card in harness_cli.find_cards(args.ops, args.kernels_dir):
         try:
-            info = api.load(name, kernels_dir=args.kernels_dir, arch=args.arch, load=False)
+            harness_cli.card_spec(card)
+            info = api.load(card.name, kernels_dir=args.kernels_dir, arch=args.arch, load=False)
             how = "cached" if info.cached else f"built in {info.build_seconds:.1f} s"
-            print(f"{name:<24} {info.key[:16]}  {how}  {info.path}")
+            print(f"{card.name:<24} {info.key[:16]}  {how}  {info.path}")
         except KernelkitError as e:
             failed += 1
-            print(f"{name}: {e}", file=sys.stderr)
+            print(f"{card.name}: {e}", file=sys.stderr)
     return 1 if failed else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kernelkit", description=__doc__)
+    p = argparse.ArgumentParser(prog="kernelkit", description=DESCRIPTION, epilog=EXAMPLES,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"kernelkit {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
+    ls = sub.add_parser("list", help="the cards on the kernel search path (without importing torch)",
+                        description="List the cards on the kernel search path. Each spec's Spec(..., sources=[...]) "
+                        "is read without running it; a spec that computes its sources is imported (with torch).")
+    ls.add_argument("--kernels-dir", help="directory of cards (default: KERNELKIT_PATH + built-in)")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.set_defaults(func=cmd_list)
+
     c = sub.add_parser("cache", help="inspect or clean the build cache")
-    c.add_argument("action", choices=["list", "info", "clear", "gc"])
+    c.add_argument("action", choices=["list", "info", "clear", "gc", "verify"])
+    c.add_argument("--fix", action="store_true", help="verify: remove the corrupt entries it finds")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.add_argument("--max-age-days", type=float, default=30.0, help="gc: remove entries unused this long")
     c.set_defaults(func=cmd_cache)
@@ -81,15 +209,17 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--kernels-dir", help="directory of cards (default: KERNELKIT_PATH + built-in)")
     b.set_defaults(func=cmd_build)
 
-    from . import harness_cli
-
     harness_cli.register(sub)  # check, bench, run
     return p
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except KernelkitError as e:  # the user's mistake or the card's, said in their terms; other errors are bugs
+        print(f"kernelkit {args.command}: {e}", file=sys.stderr)
+        return 2 if isinstance(e, harness_cli.UsageError) else 1
 
 
 if __name__ == "__main__":

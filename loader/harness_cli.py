@@ -1,16 +1,31 @@
-"""``kernelkit check``, ``kernelkit bench`` and ``kernelkit run``: registered on the main CLI's subparsers."""
+"""``kernelkit check``, ``kernelkit bench`` and ``kernelkit run``: registered on the main CLI's subparsers.
+
+Importing this module does not import torch (``kernelkit --help`` stays fast); each command imports it when
+it runs.
+"""
 from __future__ import annotations
 
 import argparse
 import re
 import sys
-from typing import List, Optional, Tuple
+import traceback
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
 
-import torch
+from .cards import Card, all_cards, search_path
+from .errors import KernelkitError
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
-           "fp32": torch.float32, "fp64": torch.float64, "fp16": torch.float16, "bf16": torch.bfloat16,
-           "half": torch.float16, "float": torch.float32, "double": torch.float64}
+_DTYPES = {"float32": "float32", "float64": "float64", "float16": "float16", "bfloat16": "bfloat16",
+           "fp32": "float32", "fp64": "float64", "fp16": "float16", "bf16": "bfloat16",
+           "half": "float16", "float": "float32", "double": "float64"}
+
+
+class UsageError(KernelkitError):
+    """The command line asks for something this machine or search path does not have (exit code 2)."""
+
+
+class SpecError(KernelkitError):
+    """A card's spec file raised while it was imported."""
 
 
 def parse_size(text: str) -> Tuple[int, ...]:
@@ -34,50 +49,117 @@ def _sizes(values: Optional[List[str]]) -> Optional[List[Tuple[int, ...]]]:
     return [parse_size(t) for v in values for t in v.split(",") if t]
 
 
-def _dtype(text: str) -> torch.dtype:
+def _dtype(text: str):
+    import torch
+
     try:
-        return _DTYPES[text.lower()]
+        return getattr(torch, _DTYPES[text.lower()])
     except KeyError:
         raise argparse.ArgumentTypeError(f"unknown dtype {text!r}: one of {', '.join(_DTYPES)}") from None
 
 
+def _device(text: str) -> str:
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}: expected cpu, cuda or cuda:N")
+    return text
+
+
+def check_device(device: Optional[str]) -> None:
+    """Fail early, in one line, when ``device`` names a CUDA GPU that this machine does not have."""
+    if device is None or not device.startswith("cuda"):
+        return
+    import torch
+
+    count = torch.cuda.device_count()
+    index = int(device.partition(":")[2] or 0)
+    if count == 0:
+        raise UsageError(f"--device {device}: no CUDA GPU is visible: run with --device cpu, or leave --device "
+                         "out to run each card on the CPU where it has a CPU implementation")
+    if index >= count:
+        raise UsageError(f"--device {device}: only {count} CUDA GPU(s) are visible (cuda:0 to cuda:{count - 1})")
+
+
+def find_cards(names: Sequence[str], kernels_dir=None) -> List[Card]:
+    """The cards called ``names`` (all cards on the search path when empty); an unknown name is a
+    UsageError that says which directories were searched."""
+    found = all_cards(kernels_dir)
+    missing = [n for n in names if n not in found]
+    if missing:
+        searched = ", ".join(str(d) for d in search_path(kernels_dir))
+        have = ", ".join(sorted(found)) or "none"
+        raise UsageError(f"no card named {', '.join(map(repr, missing))}: searched {searched} (cards found: {have}; "
+                         "`kernelkit list` shows them)")
+    return [found[n] for n in names or sorted(found)]
+
+
+def _spec_failure(error: Exception, path: Path) -> Optional[str]:
+    """One line saying where in ``path`` ``error`` was raised (and where exactly, when in a file it imports);
+    None when the error did not come from running ``path``."""
+    frames = [(f.filename, f.lineno) for f in traceback.extract_tb(error.__traceback__)]
+    if isinstance(error, SyntaxError):  # raised by the compiler: the place it points at is the innermost one
+        frames.append((error.filename, error.lineno))
+    ours = [line for file, line in frames if file == str(path)]
+    if not ours:
+        return None
+    file, line = frames[-1]
+    origin = "" if file == str(path) else f" (raised at {file}:{line})"
+    message = error.msg if isinstance(error, SyntaxError) else str(error)
+    return f"{path}:{ours[-1]}: the card's spec failed to import: {type(error).__name__}: {message}{origin}"
+
+
+def card_spec(card: Card):
+    """``card.spec``; an exception raised while running the card's spec file becomes a one-line SpecError
+    naming the file and line (one raised anywhere else is a bug and keeps its traceback)."""
+    try:
+        return card.spec
+    except Exception as e:  # noqa: BLE001 - user code may raise anything; re-raised unless it ran through the file
+        failure = _spec_failure(e, card.spec_path)
+        if failure is None:
+            raise
+        raise SpecError(failure) from e
+
+
+def _default_device(spec) -> Optional[str]:
+    import torch
+
+    if torch.cuda.is_available() and "cuda" in spec.devices:
+        return "cuda"
+    return "cpu" if "cpu" in spec.devices else None
+
+
 def _targets(args) -> List[tuple]:
-    """(name, spec, op, device) for each requested card, loading it; prints why a card is skipped."""
-    from .cards import all_cards
+    """(name, spec, op, device) for each requested card, loading it; a card that cannot run says why on
+    stderr and comes back as (name, None, None, None) when that is a failure, or not at all when a skip."""
     from .spec import load_card
 
-    cards = all_cards(args.kernels_dir)
+    check_device(args.device)
     out = []
-    for name in args.ops or sorted(cards):
-        card = cards.get(name)
-        spec = card.spec if card is not None else None
+    for card in find_cards(args.ops, args.kernels_dir):
+        try:
+            spec = card_spec(card)
+        except SpecError as e:
+            print(e, file=sys.stderr)
+            out.append((card.name, None, None, None))
+            continue
         if spec is None:
-            print(f"{name}: " + ("no such card" if card is None else "no spec (kernels/<op>.py): nothing to run"),
-                  file=sys.stderr)
-            out.append((name, None, None, None))
+            print(f"{card.name}: no spec (kernels/<op>.py): nothing to run", file=sys.stderr)
+            out.append((card.name, None, None, None))
             continue
-        device = args.device or ("cuda" if torch.cuda.is_available() and "cuda" in spec.devices else
-                                 "cpu" if "cpu" in spec.devices else None)
+        device = args.device or _default_device(spec)
         if device is None:
-            print(f"{name}: SKIPPED - implemented for {list(spec.devices)} only and no CUDA GPU is available "
-                  f"(`kernelkit build {name}` compiles it)", file=sys.stderr)
+            print(f"{card.name}: SKIPPED - implemented for {list(spec.devices)} only and no CUDA GPU is available "
+                  f"(`kernelkit build {card.name}` compiles it)", file=sys.stderr)
             continue
-        spec, op = load_card(name, args.kernels_dir)
-        out.append((name, spec, op, device))
+        spec, op = load_card(card.name, args.kernels_dir)
+        out.append((card.name, spec, op, device))
     return out
 
 
 def cmd_check(args) -> int:
     from .check import check
-    from .errors import KernelkitError
 
     status = 0
-    try:
-        targets = _targets(args)
-    except KernelkitError as e:
-        print(e, file=sys.stderr)
-        return 1
-    for name, spec, op, device in targets:
+    for name, spec, op, device in _targets(args):
         if spec is None:
             status = 1
             continue
@@ -90,15 +172,9 @@ def cmd_check(args) -> int:
 
 def cmd_bench(args) -> int:
     from .bench import bench, write_csv
-    from .errors import KernelkitError
 
-    try:
-        targets = _targets(args)
-    except KernelkitError as e:
-        print(e, file=sys.stderr)
-        return 1
     results, status = [], 0
-    for name, spec, op, device in targets:
+    for name, spec, op, device in _targets(args):
         if spec is None:
             status = 1
             continue
@@ -122,6 +198,7 @@ def cmd_bench(args) -> int:
 def cmd_run(args) -> int:
     from .runner import Options, run
 
+    find_cards(args.ops, args.kernels_dir)  # a mistyped name fails now, not after building the others
     opts = Options(check=not args.no_check, bench=not args.no_bench, trials=args.trials, sizes=_sizes(args.sizes),
                    compile=args.compile, graph=args.graph, budget_ms=args.budget_ms, arch=args.arch,
                    kernels_dir=args.kernels_dir, quick=args.quick, copy_floor=args.copy_floor)
@@ -149,7 +226,7 @@ def register(sub) -> None:
     """Add check, bench and run to the ``kernelkit`` command's subparsers; each sets ``func``."""
     c = sub.add_parser("check", help="check cards against their references")
     _common(c)
-    c.add_argument("--device", help="cuda or cpu (default: cuda when available and implemented)")
+    c.add_argument("--device", type=_device, help="cpu, cuda or cuda:N (default: cuda when available and implemented)")
     c.add_argument("--dtype", type=_dtype, action="append", help="dtype to check (repeatable; default: the spec's)")
     c.add_argument("--trials", type=int, default=5)
     c.add_argument("--seed", type=int, default=0)
@@ -159,7 +236,7 @@ def register(sub) -> None:
     b = sub.add_parser("bench", help="time cards against eager, torch.compile and the bandwidth floor")
     _common(b)
     _timing(b)
-    b.add_argument("--device", help="cuda or cpu")
+    b.add_argument("--device", type=_device, help="cpu, cuda or cuda:N (default: as for check)")
     b.add_argument("--dtype", type=_dtype, action="append", help="dtype (default: the spec's bench_dtype)")
     b.add_argument("--plot", metavar="DIR", help="write PNG plots here")
     b.add_argument("--json", metavar="FILE", help="write results as JSON")

@@ -1,0 +1,184 @@
+"""The `kernelkit` command line for a newcomer: --help, --version and list answer without importing torch,
+and a user's mistake (unknown card, broken spec, a GPU that is not there) is one line, not a traceback."""
+import importlib.metadata
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernelkit
+from kernelkit.cli import main
+
+FIXTURES = Path(__file__).parent / "fixtures"
+BUILTIN = Path(__file__).resolve().parent.parent / "kernels"
+
+
+def run_cli(*args, env=None):
+    return subprocess.run([sys.executable, "-X", "importtime", "-m", "kernelkit", *args], capture_output=True,
+                          text=True, timeout=120, env=env)
+
+
+def imported(importtime_log: str):
+    """Module names from `python -X importtime` output."""
+    return {line.rsplit("|", 1)[1].strip() for line in importtime_log.splitlines() if line.startswith("import time:")}
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["list"], ["list", "--json"], ["check", "--help"]])
+def test_quick_commands_do_not_import_torch(args):
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    mods = imported(proc.stderr)
+    assert "kernelkit.cli" in mods and "torch" not in mods
+
+
+def test_version_is_the_installed_one():
+    proc = run_cli("--version")
+    assert proc.stdout.strip() == f"kernelkit {kernelkit.__version__}"
+    assert kernelkit.__version__ == importlib.metadata.version("kernelkit")
+
+
+def test_package_is_lazy_and_keeps_its_names():
+    code = """if True:
+        import sys, kernelkit
+        kernelkit.KernelkitError, kernelkit.cache_dir, kernelkit.__version__
+        assert "torch" not in sys.modules, "a torch-free name imported torch"
+        assert "cpp_extension" in dir(kernelkit) and "load" in dir(kernelkit)
+        assert kernelkit.spec.DEFAULT_TOLERANCES  # a submodule by attribute, as when imports were eager
+        from kernelkit.cards import find  # the submodule loads before the public function is asked for
+        import kernelkit.check
+        assert kernelkit.cards.__name__ == "all_cards" and kernelkit.check.__module__ == "kernelkit.check"
+        for name in kernelkit.__all__:
+            getattr(kernelkit, name)
+        assert kernelkit.library.__module__ == "kernelkit.api" and kernelkit.bench.__module__ == "kernelkit.bench"
+        assert kernelkit.cpp_extension.load is kernelkit.load
+        import kernelkit.aot
+        assert kernelkit.aot.plan_card.__module__ == "kernelkit.plan"  # modules imported after the names
+    """
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def write_card(d: Path, name: str, spec: str = None, ext: str = ".cpp") -> None:
+    (d / f"{name}{ext}").write_text(f'#include "{name}.h"\n')
+    (d / f"{name}.h").write_text("#pragma once\n")
+    if spec is not None:
+        (d / f"{name}.py").write_text(spec)
+
+
+def listed(capsys, *args):
+    assert main(["list", "--json", *args]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""  # no note: every spec was read or imported without an error
+    return json.loads(out)
+
+
+def test_list_agrees_with_cards_and_reads_specs_without_running_them(tmp_path, capsys):
+    write_card(tmp_path, "affine", "import kernelkit\nSPEC = kernelkit.Spec(name='affine', reference=None, "
+               "make_inputs=None,\n    sources=['affine.cpp', 'affine_loop.cpp'])\n")
+    (tmp_path / "affine_loop.cpp").write_text("// the second translation unit of affine: no card\n")
+    write_card(tmp_path, "computed", "import kernelkit\nPARTS = ['computed.cu', 'extra.cpp']\n"
+               "SPEC = kernelkit.Spec(name='computed', reference=None, make_inputs=None, sources=PARTS)\n", ext=".cu")
+    (tmp_path / "extra.cpp").write_text("// named by computed's spec through a variable\n")
+    write_card(tmp_path, "plain", ext=".cu")
+    write_card(tmp_path, "bad", "raise RuntimeError('never run by list')\n"
+               "SPEC = kernelkit.Spec(name='bad', reference=None, make_inputs=None)\n")
+    out = listed(capsys, "--kernels-dir", str(tmp_path))
+    assert out["searched"] == [str(tmp_path.resolve())]
+    rows = {r["name"]: r for r in out["cards"]}
+    expected = kernelkit.cards(tmp_path)
+    assert sorted(rows) == sorted(expected) == ["affine", "bad", "computed", "plain"]
+    for name in ("affine", "computed", "plain"):
+        card = expected[name]
+        assert rows[name]["sources"] == [str(p.relative_to(card.dir)) for p in card.sources()], name
+        assert rows[name]["cuda"] == card.has_cuda, name
+    assert rows["bad"]["sources"] == ["bad.cpp"] and not rows["bad"]["cuda"]  # its spec never ran
+    assert rows["plain"]["spec"] is None and rows["affine"]["spec"] == str(tmp_path.resolve() / "affine.py")
+
+
+def test_list_imports_a_spec_it_cannot_read_and_notes_its_error(tmp_path, capsys):
+    write_card(tmp_path, "made", "import kernelkit\nSPEC = kernelkit.Spec(**dict(name='made', reference=None, "
+               "make_inputs=None, sources=['made.cpp', 'more.cu']))\n")
+    write_card(tmp_path, "broken", "import kernelkit\n\nraise RuntimeError('broken spec')\n")
+    assert main(["list", "--json", "--kernels-dir", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    rows = {r["name"]: r for r in json.loads(out)["cards"]}
+    assert rows["made"]["sources"] == ["made.cpp", "more.cu"] and rows["made"]["cuda"]
+    assert rows["broken"]["sources"] == ["broken.cpp"]
+    assert err.strip() == (f"note: {tmp_path.resolve() / 'broken.py'}:3: the card's spec failed to import: "
+                           "RuntimeError: broken spec")
+
+
+def test_list_of_the_builtin_cards(capsys):
+    out = listed(capsys)
+    assert [r["name"] for r in out["cards"]] == sorted(kernelkit.cards())
+    assert all(r["spec"] and r["cuda"] and r["sources"] == [r["name"] + ".cu"] for r in out["cards"])
+
+
+def test_list_says_where_it_looked(tmp_path, capsys, monkeypatch):
+    missing = tmp_path / "nowhere"
+    monkeypatch.setenv("KERNELKIT_PATH", str(missing))
+    assert main(["list"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("searched: ") and f"{missing} (missing)" in first and str(BUILTIN.resolve()) in first
+
+
+@pytest.mark.parametrize("command", [["check"], ["bench"], ["build"], ["run", "--quick", "--out", "REPORT"]])
+def test_unknown_card_names_the_searched_directories(command, tmp_path, capsys):
+    write_card(tmp_path, "square")
+    argv = [str(tmp_path / "r") if a == "REPORT" else a for a in command]
+    assert main([*argv, "sqaure", "--kernels-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "no card named 'sqaure'" in err[0] and str(tmp_path.resolve()) in err[0] and "square" in err[0]
+    assert not (tmp_path / "r").exists()
+
+
+BROKEN_SPECS = {
+    "raises": ("import kernelkit\n\nSCALE = 1 / 0\n", "bad.py:3: ", "ZeroDivisionError: division by zero"),
+    "syntax": ("import kernelkit\nSPEC = kernelkit.Spec(name='bad',\n", "bad.py:2: ", "SyntaxError: "),
+    "helper": ("import kernelkit\nimport bad_helper\n", "bad.py:2: ", "KeyError: 'dtype' (raised at "),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BROKEN_SPECS))
+@pytest.mark.parametrize("command", ["check", "build"])
+def test_broken_spec_is_one_line_naming_the_file(kind, command, tmp_path, capsys, monkeypatch):
+    spec, where, what = BROKEN_SPECS[kind]
+    write_card(tmp_path, "bad", spec)
+    (tmp_path / "bad_helper.py").write_text("CONFIG = {}\nDTYPE = CONFIG['dtype']\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main([command, "bad", "--kernels-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert str(tmp_path.resolve() / where.split(":")[0]) in err[0] and where in err[0] and what in err[0]
+    if kind == "helper":
+        assert "bad_helper.py:2)" in err[0]
+
+
+def test_a_bug_outside_the_spec_keeps_its_traceback(tmp_path, monkeypatch):
+    write_card(tmp_path, "fine", "SPEC = None\n")
+
+    def broken_loader(card):
+        raise RuntimeError("a bug in kernelkit")
+
+    monkeypatch.setattr(kernelkit.Card, "module", broken_loader)
+    with pytest.raises(RuntimeError, match="a bug in kernelkit"):
+        main(["check", "fine", "--kernels-dir", str(tmp_path)])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+@pytest.mark.parametrize("command", ["check", "bench"])
+def test_device_cuda_without_a_gpu_is_one_line(command, capsys):
+    assert main([command, "kk_add_skip_last", "--kernels-dir", str(FIXTURES / "cards"), "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"kernelkit {command}: --device cuda: no CUDA GPU is visible: run with --device cpu, or leave "
+                   "--device out to run each card on the CPU where it has a CPU implementation"]
+
+
+def test_device_must_be_cpu_or_cuda(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["check", "kk_add_skip_last", "--device", "gpu"])
+    assert e.value.code == 2 and "expected cpu, cuda or cuda:N" in capsys.readouterr().err
