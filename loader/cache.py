@@ -1,25 +1,34 @@
 """The on-disk cache: content-addressed objects and libraries, written atomically, verified before use.
 
-Layout under ``cache_dir()`` (mode 0700)::
+Layout under ``cache_dir()`` (mode 0700, as is the directory it lives in)::
 
     obj/<key>.o, obj/<key>.json   compiled translation units, shared by every library that uses them
     lib/<name>-<key16>/           one linked library: the .so and manifest.json (sha256 of the .so)
-    locks/<key>.lock              filelock locks (flock: released by the kernel if the holder dies)
+    pch/<key>/                    a precompiled <kernelkit/binding.h>, its pch.json (sha256) and the
+                                  ``building`` claim its detached builder holds
+    locks/<id>.lock               filelock locks (flock: released by the kernel if the holder dies)
     src/<key>/                    sources written for load_inline
     tmp/                          private build dirs; renamed into place only when complete
+
+Whoever removes an entry holds that entry's lock (``library_lock`` / the object's key / the PCH claim), so
+gc, clear and corruption handling never remove what another process is building or has just published.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import functools
 import json
 import logging
+import math
 import os
 import shutil
 import stat
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from .errors import CacheSecurityError, CacheUnwritable, LockTimeout
 from .sources import sha256_file
@@ -28,26 +37,59 @@ log = logging.getLogger("kernelkit")
 
 LAYOUT = "v1"
 DEFAULT_LOCK_TIMEOUT = 900.0  # a cold build of a large card on a small machine can take minutes
-STALE_TMP_SECONDS = 3600.0
+DEFAULT_MAX_AGE_DAYS = 30.0
+STALE_TMP_SECONDS = 3600.0  # private build dirs and fresh sources younger than this may belong to a live build
+STALE_LOCK_SECONDS = 86400.0
 GC_INTERVAL_SECONDS = 86400.0
+PCH_META = "pch.json"
+PCH_CLAIM = "building"
 
 
+# ------------------------------------------------------------------------------------------------ root
 def cache_dir() -> Path:
-    """KERNELKIT_CACHE_DIR, else the user cache dir (platformdirs); created private (0700)."""
+    """KERNELKIT_CACHE_DIR, else the user cache dir (platformdirs), plus the layout version; both
+    directories created private (0700 whatever the umask) and refused if not private."""
     env = os.environ.get("KERNELKIT_CACHE_DIR")
     if env:
         root = Path(env).expanduser()
     else:
-        import platformdirs
+        import platformdirs  # only when no cache dir is configured
 
         root = Path(platformdirs.user_cache_dir("kernelkit", appauthor=False))
-    root = root / LAYOUT
-    if not root.is_dir():
-        with writing(root):
-            root.mkdir(parents=True, exist_ok=True, mode=0o700)
-            os.chmod(root, 0o700)
-    check_safe(root)
-    return root
+    path = root / LAYOUT
+    if not path.is_dir():
+        if root.is_dir():
+            _check_private_root(root)  # never create anything in a directory that is refused
+        with writing(path):
+            _make_private_dirs(path)
+    _check_private_root(root)
+    check_safe(path)
+    return path
+
+
+def _make_private_dirs(path: Path) -> None:
+    """mkdir -p, each new directory 0700: mkdir's mode is masked by the umask, chmod's is not."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    for p in reversed(missing):
+        try:
+            p.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        os.chmod(p, 0o700)
+
+
+def _check_private_root(root: Path) -> None:
+    """The directory holding the layout dir: whoever can write it can swap the whole cache."""
+    st = os.stat(root)  # a symlinked root is fine: what it points to must be private
+    if st.st_uid != os.getuid():
+        raise CacheSecurityError(f"cache directory {root} is owned by uid {st.st_uid}, not by you (uid "
+                                 f"{os.getuid()}): refusing to use it. Point KERNELKIT_CACHE_DIR at a "
+                                 "directory of your own.")
+    if st.st_mode & 0o022:
+        raise CacheSecurityError(
+            f"cache directory {root} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}): "
+            f"refusing to use it, since anyone could plant code there. Fix with: chmod go-w '{root}', or "
+            "point KERNELKIT_CACHE_DIR at a directory of your own (a new one is created private).")
 
 
 @contextlib.contextmanager
@@ -58,6 +100,11 @@ def writing(path: Path) -> Iterator[None]:
     except TimeoutError:  # an OSError too: filelock.Timeout, another process holds the lock
         raise
     except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise CacheUnwritable(
+                f"kernelkit cannot write its cache at {path}: no space left on the device (or the disk quota "
+                "is used up). Free space with `kernelkit cache gc --max-age-days 7` or `kernelkit cache clear`, "
+                "or point KERNELKIT_CACHE_DIR at a disk with room.") from None
         raise CacheUnwritable(
             f"kernelkit cannot write its cache at {path}: {e.strerror or e}. Builds need a writable cache "
             "(loading cached builds only reads it): point KERNELKIT_CACHE_DIR at a directory of your own."
@@ -84,35 +131,120 @@ def subdir(name: str) -> Path:
     if not d.is_dir():
         with writing(d):
             d.mkdir(exist_ok=True, mode=0o700)
+            os.chmod(d, 0o700)
     return d
 
 
+def _env_number(name: str, default: float, unit: str) -> float:
+    """A positive number from the environment; anything else is reported and replaced by the default."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        log.warning("%s=%r is not a positive number of %s; using %g", name, raw, unit, default)
+        return default
+    return value
+
+
+# ------------------------------------------------------------------------------------------------ locks
 def lock_timeout() -> float:
-    return float(os.environ.get("KERNELKIT_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT))
+    return _env_number("KERNELKIT_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT, "seconds")
+
+
+def _filelock(lock_id: str):
+    import filelock  # only builds and removals lock; a warm load never imports it
+
+    return filelock.FileLock(str(subdir("locks") / f"{lock_id}.lock"), mode=0o600)
 
 
 @contextlib.contextmanager
-def locked(key: str, what: str, on_wait=None) -> Iterator[None]:
-    """Hold the lock for ``key``. flock-based, so a holder killed with SIGKILL releases it at once."""
-    import filelock  # only builds lock; a warm load never imports it
-
-    lock = filelock.FileLock(str(subdir("locks") / f"{key}.lock"), mode=0o600)
+def locked(lock_id: str, what: str, on_wait=None) -> Iterator[None]:
+    """Hold the lock ``lock_id``. flock-based, so a holder killed with SIGKILL releases it at once."""
+    lock = _filelock(lock_id)
     try:
         with writing(Path(lock.lock_file)):
             lock.acquire(timeout=0)
-    except filelock.Timeout:
+    except TimeoutError:  # filelock.Timeout
         if on_wait:
             on_wait()
         try:
             lock.acquire(timeout=lock_timeout())
-        except filelock.Timeout:
+        except TimeoutError:
             raise LockTimeout(
                 f"timed out after {lock_timeout():.0f} s waiting for another process building {what} "
                 f"(lock {lock.lock_file}); raise KERNELKIT_LOCK_TIMEOUT to wait longer") from None
     try:
+        with contextlib.suppress(OSError):
+            os.utime(lock.lock_file)  # last use: gc removes lock files unused for a day
         yield
     finally:
         lock.release()
+
+
+@contextlib.contextmanager
+def try_locked(lock_id: str) -> Iterator[bool]:
+    """Yield True holding the lock ``lock_id``, or False at once if another holder has it (another
+    process, or another part of this one: flock does not nest)."""
+    lock = _filelock(lock_id)
+    try:
+        lock.acquire(timeout=0)
+    except TimeoutError:  # filelock.Timeout
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        lock.release()
+
+
+def try_flock(path: Path) -> Optional[int]:
+    """An open descriptor holding an exclusive flock on ``path`` (created 0600), or None if someone holds
+    it. A raw descriptor, unlike a FileLock, can be handed to a detached process that keeps the claim."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    except OSError:  # its directory was just removed, or is not ours to write: nothing to claim
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _remove_under_lock(lock_id: str, keep: Callable[[], bool], remove: Callable[[], None],
+                       held: bool = False) -> bool:
+    """Run ``remove`` holding the lock ``lock_id`` unless ``keep()``, asked once the lock is ours, says the
+    entry is fine now (replaced by a good build, or used, meanwhile). ``held``: the caller holds the lock.
+    Skipped, returning False, while another holder has it."""
+    if held:
+        remove()
+        return True
+    with try_locked(lock_id) as ours:
+        if ours and not keep():
+            remove()
+            return True
+    return False
+
+
+def _remove(path: Path) -> None:
+    """Rename first, so a reader never sees a half-deleted entry, then delete."""
+    trash = subdir("tmp") / f"trash-{path.name}-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        os.rename(path, trash)
+    except FileNotFoundError:
+        return
+    except OSError:
+        trash = path
+    if trash.is_dir() and not trash.is_symlink():
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            trash.unlink()
 
 
 def private_tmpdir(prefix: str) -> Path:
@@ -126,71 +258,182 @@ def publish_file(tmp: Path, final: Path) -> None:
     os.replace(tmp, final)  # atomic on one filesystem: readers see all of it or none
 
 
+def _read_json(path: Path) -> Optional[dict]:
+    """A JSON object from ``path``; None if it is missing, unreadable, not JSON or not an object."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _plain_name(value: object) -> bool:
+    """A file name inside its directory: no path, no '..' (a manifest must not point elsewhere)."""
+    return isinstance(value, str) and value not in ("", ".", "..") and "/" not in value and "\0" not in value
+
+
+def _unsafe_is_a_problem(check: Callable[[], Optional[str]]) -> Optional[str]:
+    try:
+        return check()
+    except CacheSecurityError as e:
+        return f"unsafe: {e}"
+
+
+def is_generated_source(path: Path) -> bool:
+    """Whether ``path`` is a source kernelkit wrote into ``src/`` (for load_inline and card bindings)."""
+    return path.parent.parent == subdir("src")
+
+
+def touch_source(path: Path) -> None:
+    """Mark a generated source's dir as just used, so gc and clear leave it to a build that reuses it."""
+    if is_generated_source(path):
+        with contextlib.suppress(OSError):
+            os.utime(path.parent)
+
+
+def discard_source(path: Path) -> None:
+    """Remove a damaged generated source; the next load writes it again from the text it was made of."""
+    if is_generated_source(path):
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
 # --------------------------------------------------------------------------------------------- objects
 def object_path(key: str) -> Path:
     return subdir("obj") / f"{key}.o"
 
 
-def cached_object(key: str) -> Optional[Path]:
-    """The object for ``key`` if present and intact (its sha256 matches the one recorded at build)."""
+def _object_problem(key: str) -> Optional[str]:
+    """Why the object for ``key`` cannot be used (None if it is intact). Raises CacheSecurityError if it
+    is not ours or is writable by others."""
+    obj = object_path(key)
+    if not obj.is_file() or obj.is_symlink():
+        return "not a regular file" if os.path.lexists(obj) else "missing"
+    check_safe(obj)
+    recorded = (_read_json(obj.with_suffix(".json")) or {}).get("sha256")
+    if not isinstance(recorded, str):
+        return "its metadata is missing, unreadable or records no sha256"
+    if recorded != sha256_file(obj):
+        return "it does not match its recorded sha256"
+    return None
+
+
+def cached_object(key: str, held: bool = False) -> Optional[Path]:
+    """The object for ``key`` if present and intact (its sha256 matches the one recorded at build). A
+    corrupt one is removed under its lock (``held``: the caller holds it already) and None returned."""
     obj = object_path(key)
     meta = obj.with_suffix(".json")
-    if not (obj.is_file() and meta.is_file()):
+    if not os.path.lexists(obj) or (obj.is_file() and not meta.exists()):
+        return None  # not built, or being published (the object is renamed into place before its meta)
+    problem = _object_problem(key)
+    if problem is not None:
+        log.warning("cached object %s is corrupt (%s); rebuilding it", obj.name, problem)
+        _remove_object_if(key, lambda: _unsafe_is_a_problem(lambda: _object_problem(key)) is None, held)
         return None
-    try:
-        check_safe(obj)
-        recorded = json.loads(meta.read_text())["sha256"]
-    except CacheSecurityError:
-        raise
-    except (OSError, ValueError, KeyError):
-        recorded = None
-    if recorded != sha256_file(obj):
-        log.warning("cached object %s is corrupt; rebuilding it", obj.name)
-        with contextlib.suppress(OSError):
-            obj.unlink()
-        return None
-    os.utime(meta)  # last use, for gc
+    with contextlib.suppress(OSError):
+        os.utime(meta)  # last use, for gc
     return obj
+
+
+def _remove_object_if(key: str, keep: Callable[[], bool], held: bool = False) -> bool:
+    def remove() -> None:
+        _remove(object_path(key))
+        with contextlib.suppress(OSError):
+            object_path(key).with_suffix(".json").unlink()
+
+    return _remove_under_lock(key, keep, remove, held)
 
 
 def store_object(key: str, built: Path, info: dict) -> Path:
     final = object_path(key)
     meta_tmp = built.with_suffix(".json")
-    meta_tmp.write_text(json.dumps({**info, "sha256": sha256_file(built), "created": time.time()}))
-    publish_file(built, final)  # object first: a meta without its object is ignored
-    publish_file(meta_tmp, final.with_suffix(".json"))
+    with writing(meta_tmp):
+        meta_tmp.write_text(json.dumps({**info, "sha256": sha256_file(built), "created": time.time()}))
+        if os.path.lexists(final) and not final.is_file():
+            _remove(final)  # a directory where the object belongs (corrupt); we hold its lock
+        publish_file(built, final)  # object first: a meta without its object is ignored
+        publish_file(meta_tmp, final.with_suffix(".json"))
     return final
 
 
 # ------------------------------------------------------------------------------------------- libraries
+def _entry_name(name: str, key: str) -> str:
+    return f"{name}-{key[:16]}"
+
+
 def library_dir(name: str, key: str) -> Path:
-    return subdir("lib") / f"{name}-{key[:16]}"
+    return subdir("lib") / _entry_name(name, key)
+
+
+def library_lock(name: str, key: str) -> str:
+    """The lock id of a library entry: derived from its directory name, so whoever finds the directory
+    (gc, clear, verify) takes the same lock as whoever builds it, even when its manifest is unreadable."""
+    return f"lib-{_entry_name(name, key)}"  # what _remove_library_if takes for the entry's directory
 
 
 def read_manifest(entry: Path) -> Optional[dict]:
-    try:
-        return json.loads((entry / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return None
+    return _read_json(entry / "manifest.json")
 
 
-def verified_library(name: str, key: str) -> Optional[Path]:
-    """Path of the cached .so for (name, key) if it is complete, ours, not writable by others, and its
-    sha256 matches the manifest. A corrupt entry is removed (and rebuilt by the caller)."""
-    entry = library_dir(name, key)
+def write_manifest(entry: Path, manifest: dict) -> None:
+    path = entry / "manifest.json"
+    with writing(path):
+        path.write_text(json.dumps(manifest, indent=1))
+        os.chmod(path, 0o600)
+
+
+def _inspect_library(entry: Path, key: Optional[str] = None) -> Tuple[Optional[str], Optional[Path]]:
+    """(why the library entry cannot be loaded, None if it is complete and intact; its .so). ``key``: the
+    full key it must have (else any key that matches the entry's name). Raises CacheSecurityError for an
+    entry or library that is a link, not ours, or writable by others."""
+    if entry.is_symlink():
+        check_safe(entry)
     if not entry.is_dir():
-        return None
+        return "a file where an entry directory should be", None
     manifest = read_manifest(entry)
-    so = entry / manifest["so"] if manifest and "so" in manifest else None
-    if so is None or not so.is_file() or manifest.get("key") != key:
-        log.warning("cache entry %s is incomplete; rebuilding it", entry.name)
-        remove_entry(entry)
-        return None
+    if manifest is None:
+        return "manifest.json is missing, unreadable or not a JSON object", None
+    name, mkey, so_name = manifest.get("name"), manifest.get("key"), manifest.get("so")
+    if not (isinstance(name, str) and isinstance(mkey, str)) or entry.name != _entry_name(name, mkey):
+        return "its manifest names another library or key", None
+    if key is not None and mkey != key:
+        return "its manifest records another key", None
+    if not _plain_name(so_name):
+        return f"its manifest names {so_name!r} as the library, not a file name inside the entry", None
+    so = entry / so_name
+    if not os.path.lexists(so):
+        return f"{so_name} is missing", None
     check_safe(entry)
     check_safe(so)
     if sha256_file(so) != manifest.get("sha256"):
-        log.warning("cached library %s does not match its recorded sha256 (corrupt); rebuilding it", so.name)
-        remove_entry(entry)
+        return f"{so_name} does not match its recorded sha256", None
+    return None, so
+
+
+def _library_status(entry: Path, key: Optional[str] = None) -> Optional[str]:
+    return _unsafe_is_a_problem(lambda: _inspect_library(entry, key)[0])
+
+
+def _remove_library_if(entry: Path, keep: Callable[[], bool], held: bool = False) -> bool:
+    return _remove_under_lock(f"lib-{entry.name}", keep, lambda: _remove(entry), held)
+
+
+def remove_library(name: str, key: str) -> bool:
+    """Remove an entry that can never load (a library naming an undefined symbol), under its lock."""
+    return _remove_library_if(library_dir(name, key), lambda: False)
+
+
+def verified_library(name: str, key: str, held: bool = False) -> Optional[Path]:
+    """Path of the cached .so for (name, key) if it is complete, ours, not writable by others, and its
+    sha256 matches the manifest. A corrupt entry is removed under its lock (``held``: the caller holds it
+    already) and rebuilt by the caller."""
+    entry = library_dir(name, key)
+    if not os.path.lexists(entry):
+        return None
+    problem, so = _inspect_library(entry, key)
+    if problem is not None:
+        log.warning("cache entry %s is corrupt (%s); rebuilding it", entry.name, problem)
+        _remove_library_if(entry, lambda: _library_status(entry, key) is None, held)
         return None
     with contextlib.suppress(OSError):
         os.utime(entry / "manifest.json")  # last use, for gc
@@ -209,89 +452,266 @@ def publish_library(tmpdir: Path, name: str, key: str) -> Path:
     return entry
 
 
-def remove_entry(entry: Path) -> None:
-    # rename first so a reader never sees a half-deleted entry
-    trash = subdir("tmp") / f"trash-{entry.name}-{os.getpid()}-{time.monotonic_ns()}"
+# ---------------------------------------------------------------------------------- precompiled headers
+_PCH_VERIFIED: Dict[tuple, bool] = {}  # (path, inode, size, mtime) -> hashed and matched, in this process
+
+
+def pch_problem(root: Path) -> Optional[str]:
+    """Why the precompiled header in ``root`` cannot be used (None if it matches its recorded sha256)."""
+    meta = _read_json(root / PCH_META)
+    if meta is None or not isinstance(meta.get("file"), str) or ".." in Path(meta["file"]).parts:
+        return "no record of a finished build (pch.json)"
+    gch = root / meta["file"]
+    try:
+        check_safe(gch)
+        st = os.stat(gch)
+    except CacheSecurityError as e:
+        return f"unsafe: {e}"
+    except OSError:
+        return f"{meta['file']} is missing"
+    if st.st_size != meta.get("size"):
+        return f"{meta['file']} has {st.st_size} bytes, {meta.get('size')} were recorded (truncated?)"
+    seen = (str(gch), st.st_ino, st.st_size, st.st_mtime_ns)
+    if seen not in _PCH_VERIFIED:  # hashing ~0.5 GB costs ~1 s: once per process per file
+        if sha256_file(gch) != meta.get("sha256"):
+            return f"{meta['file']} does not match its recorded sha256"
+        _PCH_VERIFIED[seen] = True
+    return None
+
+
+def pch_ready(root: Path) -> bool:
+    """Whether ``root`` holds a verified precompiled header; a corrupt one is dropped (unless its builder
+    is at work) so that the caller starts a new build."""
+    if not (root / PCH_META).exists():
+        return False
+    problem = pch_problem(root)
+    if problem is None:
+        with contextlib.suppress(OSError):
+            os.utime(root / PCH_META)  # last use, for gc
+        return True
+    fd = try_flock(root / PCH_CLAIM)
+    if fd is not None:
+        try:
+            if pch_problem(root) is not None:
+                log.warning("precompiled header in %s is unusable (%s); dropping it", root, problem)
+                drop_pch(root)
+        finally:
+            os.close(fd)
+    return False
+
+
+def drop_pch(root: Path) -> None:
+    """Remove a precompiled header, its record and builders' partial files; the caller holds the claim."""
     with contextlib.suppress(OSError):
-        os.rename(entry, trash)
-    shutil.rmtree(trash, ignore_errors=True)
+        (root / PCH_META).unlink()
+    for p in root.rglob("*.gch*"):
+        with contextlib.suppress(OSError):
+            p.unlink()
+
+
+def _pch_roots() -> List[Path]:
+    return sorted(p for p in subdir("pch").iterdir() if p.is_dir())
 
 
 # -------------------------------------------------------------------------------- listing, gc, clearing
-def entries() -> List[dict]:
-    out = []
-    lib = subdir("lib")
-    for entry in sorted(lib.iterdir()):
-        m = read_manifest(entry) or {}
-        so = entry / m.get("so", "")
-        size = so.stat().st_size if so.is_file() else 0
+def _number(value: object, default):
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+def _last_used(path: Path, stamp: Path) -> float:
+    """When ``stamp`` (touched on every use) was last touched; the entry's own mtime if it has none."""
+    for p in (stamp, path):
         try:
-            used = (entry / "manifest.json").stat().st_mtime
+            return os.stat(p, follow_symlinks=False).st_mtime
         except OSError:
-            used = 0.0
-        out.append({"entry": entry.name, "name": m.get("name", "?"), "key": m.get("key", "?")[:16],
-                    "size": size, "created": m.get("created", 0.0), "last_used": used,
-                    "build_seconds": m.get("build_seconds"), "path": str(entry)})
+            continue
+    return 0.0
+
+
+def entries() -> List[dict]:
+    """Every library entry, described from its manifest (from its directory's name where the manifest is
+    malformed)."""
+    out = []
+    for entry in sorted(subdir("lib").iterdir()):
+        m = read_manifest(entry) or {}
+        so = entry / m["so"] if _plain_name(m.get("so")) else None
+        try:
+            size = so.stat().st_size if so is not None and so.is_file() else 0
+        except OSError:
+            size = 0
+        name, key = m.get("name"), m.get("key")
+        dir_name, _, dir_key = entry.name.rpartition("-")
+        out.append({"entry": entry.name, "name": name if isinstance(name, str) else dir_name or "?",
+                    "key": key[:16] if isinstance(key, str) else dir_key, "size": size,
+                    "created": _number(m.get("created"), 0.0),
+                    "last_used": _last_used(entry, entry / "manifest.json"),
+                    "build_seconds": _number(m.get("build_seconds"), None), "path": str(entry)})
     return out
 
 
 def _du(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+    return total
 
 
 def info() -> Dict[str, object]:
+    """Counts, total bytes, and bytes per subdirectory (lib, obj, pch, src, tmp, ...): where the space went."""
     root = cache_dir()
+    per_dir = {p.name: _du(p) for p in sorted(root.iterdir()) if p.is_dir()}
     return {"path": str(root), "libraries": len(list(subdir("lib").iterdir())),
-            "objects": len(list(subdir("obj").glob("*.o"))), "bytes": _du(root)}
+            "objects": len(list(subdir("obj").glob("*.o"))), "bytes": _du(root), "subdirs": per_dir}
 
 
-def gc(max_age_days: float = 30.0, now: Optional[float] = None) -> Dict[str, int]:
-    """Remove libraries and objects unused for ``max_age_days``, and build dirs left by dead builds."""
+def _object_keys() -> List[str]:
+    return sorted({p.stem for p in subdir("obj").iterdir() if p.suffix in (".o", ".json")})
+
+
+def _remove_pch_if(root: Path, keep: Callable[[], bool]) -> bool:
+    fd = try_flock(root / PCH_CLAIM)
+    if fd is None:  # its builder is at work
+        return False
+    try:
+        if keep():
+            return False
+        shutil.rmtree(root, ignore_errors=True)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _remove_unused(parent: Path, cutoff: float) -> int:
+    """Remove the children of ``parent`` (src/, tmp/) not modified since ``cutoff``."""
+    n = 0
+    for p in list(parent.iterdir()):
+        if _last_used(p, p) < cutoff:
+            _remove(p)
+            n += 1
+    return n
+
+
+def _remove_idle_locks(cutoff: float) -> int:
+    """Lock files not used since ``cutoff`` and not held. Removed while held by us: filelock re-opens the
+    path when the file it waited on was unlinked, so no waiter ends up holding a lock nobody else sees."""
+    n = 0
+    for p in list(subdir("locks").glob("*.lock")):
+        if _last_used(p, p) >= cutoff:
+            continue
+        with try_locked(p.stem) as ours:
+            if ours:
+                with contextlib.suppress(OSError):
+                    p.unlink()
+                    n += 1
+    return n
+
+
+def gc(max_age_days: float = DEFAULT_MAX_AGE_DAYS, now: Optional[float] = None) -> Dict[str, int]:
+    """Remove libraries, objects, precompiled headers and generated sources unused for ``max_age_days``,
+    build dirs left by dead builds, and idle lock files. Entries another process holds are left alone."""
     now = time.time() if now is None else now
-    removed = {"libraries": 0, "objects": 0, "tmp": 0}
     cutoff = now - max_age_days * 86400
-    for e in entries():
-        if e["last_used"] < cutoff:
-            remove_entry(Path(e["path"]))
+
+    def old(path: Path, stamp: Path) -> Callable[[], bool]:
+        return lambda: _last_used(path, stamp) < cutoff
+
+    removed = {"libraries": 0, "objects": 0, "pch": 0, "sources": 0, "tmp": 0, "locks": 0}
+    for entry in list(subdir("lib").iterdir()):
+        is_old = old(entry, entry / "manifest.json")
+        if is_old() and _remove_library_if(entry, lambda: not is_old()):
             removed["libraries"] += 1
-    for meta in subdir("obj").glob("*.json"):
-        try:
-            if meta.stat().st_mtime < cutoff:
-                meta.with_suffix(".o").unlink(missing_ok=True)
-                meta.unlink(missing_ok=True)
-                removed["objects"] += 1
-        except OSError:
-            pass
-    for t in subdir("tmp").iterdir():
-        try:
-            if t.stat().st_mtime < now - STALE_TMP_SECONDS:
-                shutil.rmtree(t, ignore_errors=True) if t.is_dir() else t.unlink()
-                removed["tmp"] += 1
-        except OSError:
-            pass
+    for key in _object_keys():
+        is_old = old(object_path(key), object_path(key).with_suffix(".json"))
+        if is_old() and _remove_object_if(key, lambda: not is_old()):
+            removed["objects"] += 1
+    for root in _pch_roots():
+        is_old = old(root, root / PCH_META)
+        if is_old() and _remove_pch_if(root, lambda: not is_old()):
+            removed["pch"] += 1
+    removed["sources"] = _remove_unused(subdir("src"), min(cutoff, now - STALE_TMP_SECONDS))
+    removed["tmp"] = _remove_unused(subdir("tmp"), now - STALE_TMP_SECONDS)
+    removed["locks"] = _remove_idle_locks(now - STALE_LOCK_SECONDS)
     return removed
 
 
 def maybe_gc() -> None:
-    """Collect at most once a day, after a build (never on the warm path)."""
+    """Collect at most once a day, after a build (never on the warm path). Never fails the build."""
     stamp = cache_dir() / "last-gc"
     try:
         if time.time() - stamp.stat().st_mtime < GC_INTERVAL_SECONDS:
             return
     except OSError:
         pass
-    stamp.touch()
-    days = float(os.environ.get("KERNELKIT_CACHE_MAX_AGE_DAYS", 30))
-    removed = gc(days)
+    try:
+        stamp.touch()
+        removed = gc(_env_number("KERNELKIT_CACHE_MAX_AGE_DAYS", DEFAULT_MAX_AGE_DAYS, "days"))
+    except (OSError, CacheUnwritable) as e:
+        log.warning("cache gc failed: %s", e)
+        return
     if any(removed.values()):
         log.info("cache gc removed %s", removed)
 
 
 def clear() -> int:
-    n = 0
-    for name in ("lib", "obj", "src", "tmp"):
-        d = cache_dir() / name
-        if d.is_dir():
-            n += sum(1 for _ in d.iterdir())
-            shutil.rmtree(d, ignore_errors=True)
+    """Remove every library, object and precompiled header, and the generated sources and build dirs not
+    touched in the last hour; entries another process is building or removing are left. Returns how many
+    were removed."""
+    now = time.time()
+    n = sum(_remove_library_if(e, lambda: False) for e in list(subdir("lib").iterdir()))
+    n += sum(_remove_object_if(k, lambda: False) for k in _object_keys())
+    n += sum(_remove_pch_if(r, lambda: False) for r in _pch_roots())
+    n += _remove_unused(subdir("src"), now - STALE_TMP_SECONDS)
+    n += _remove_unused(subdir("tmp"), now - STALE_TMP_SECONDS)
+    _remove_idle_locks(now + 1)
     return n
+
+
+# -------------------------------------------------------------------------------------------- verifying
+def _object_status(key: str) -> Optional[str]:
+    obj = object_path(key)
+    if not os.path.lexists(obj):
+        return "metadata without its object"
+    if not obj.with_suffix(".json").exists():
+        return "object without its metadata"
+    return _unsafe_is_a_problem(lambda: _object_problem(key))
+
+
+def _pch_status(root: Path) -> Optional[str]:
+    fd = try_flock(root / PCH_CLAIM)
+    if fd is None:
+        return None  # being built: its builder writes the record last
+    try:
+        return pch_problem(root)
+    finally:
+        os.close(fd)
+
+
+def _checks() -> Iterator[tuple]:
+    """(kind, path, status(), status once its lock is held, remove_if(keep)) for every cache entry."""
+    for entry in sorted(subdir("lib").iterdir()):
+        status = functools.partial(_library_status, entry)
+        yield "library", entry, status, status, functools.partial(_remove_library_if, entry)
+    for key in _object_keys():
+        status = functools.partial(_object_status, key)
+        yield "object", object_path(key), status, status, functools.partial(_remove_object_if, key)
+    for root in _pch_roots():
+        yield ("pch", root, functools.partial(_pch_status, root), functools.partial(pch_problem, root),
+               functools.partial(_remove_pch_if, root))
+
+
+def verify(fix: bool = False) -> List[Dict[str, object]]:
+    """Check every library, object and precompiled header against its recorded sha256 (and libraries'
+    manifests for sense and safety). One dict per entry: kind, entry, status ('ok' or 'corrupt'), reason,
+    removed. ``fix``: remove the corrupt ones (under their locks; an entry in use is left and reported)."""
+    found = []
+    for kind, path, status, status_locked, remove_if in _checks():
+        problem = status()
+        if problem is not None and not os.path.lexists(path):
+            continue  # removed by another process while we looked: nothing to report
+        removed = bool(fix and problem and remove_if(lambda status_locked=status_locked: status_locked() is None))
+        found.append({"kind": kind, "entry": f"{path.parent.name}/{path.name}",
+                      "status": "ok" if problem is None else "corrupt", "reason": problem or "",
+                      "removed": removed})
+    return found

@@ -22,6 +22,23 @@ class LockTimeout(KernelkitError):
     """Another process held the build lock for longer than the timeout."""
 
 
+class SourcesChanged(KernelkitError):
+    """A translation unit or a local header it includes changed between planning and compiling, so the
+    object would not match its cache key; nothing was cached."""
+
+
+#: bounds on a BuildError's message (a template error can run to megabytes; ``.log`` keeps all of it)
+MAX_SHOWN_ERRORS = 8
+MAX_DIAGNOSTIC_CHARS = 2048
+MAX_MESSAGE_CHARS = 16384
+
+
+def _clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f" ... [{len(text) - limit} more characters in .log]"
+
+
 @dataclasses.dataclass
 class Diagnostic:
     file: str  # as shown to the user (a card file path, or "<name>.cu" for an inline source)
@@ -60,15 +77,20 @@ class BuildError(KernelkitError):
 
     def _message(self) -> str:
         errors = [d for d in self.diagnostics if d.severity in ("error", "fatal error")]
-        shown = errors[:8] if errors else []
-        lines = [f"{self.what} failed"]
-        if shown:
-            lines += [d.format() for d in shown]
-            if len(errors) > len(shown):
-                lines.append(f"... and {len(errors) - len(shown)} more errors")
+        if errors:
+            parts = [d.format() for d in errors[:MAX_SHOWN_ERRORS]]
         else:  # no parseable diagnostic (a linker or driver failure): the tail of the log is the message
-            tail = [ln for ln in self.log.strip().splitlines() if ln.strip()][-12:]
-            lines += tail
+            parts = [ln for ln in self.log.strip().splitlines() if ln.strip()][-12:]
+        lines = [f"{self.what} failed"]
+        used = 0
+        for part in (_clip(p, MAX_DIAGNOSTIC_CHARS) for p in parts):
+            if used + len(part) > MAX_MESSAGE_CHARS:
+                break
+            lines.append(part)
+            used += len(part) + 1
+        left_out = (len(errors) if errors else len(parts)) - (len(lines) - 1)
+        if left_out:
+            lines.append(f"... and {left_out} more " + ("errors" if errors else "lines"))
         lines.append("(full compiler output: the exception's .log attribute)")
         return "\n".join(lines)
 

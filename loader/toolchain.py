@@ -117,6 +117,7 @@ def _compute_facts() -> Dict[str, object]:
         "pybind_flags": pybind,
         "cuda_toolkit_version": _toolkit_version(ce.CUDA_HOME),
         "cxx_std": _torch_cxx_standard(_paths(ce.include_paths, "cpu")),
+        "python_include": sysconfig.get_paths()["include"],
     }
 
 
@@ -168,12 +169,20 @@ def facts() -> Dict[str, object]:
     from . import cache
 
     env = [os.environ.get(v, "") for v in ("CUDA_HOME", "CUDA_PATH", "PATH", "ROCM_HOME")]
-    key = hashlib.sha256("\0".join(["facts-v4", torch.__file__, torch.__version__, *env]).encode()).hexdigest()[:24]
+    key = hashlib.sha256("\0".join(["facts-v5", sys.prefix, torch.__file__, torch.__version__, *env]).encode()).hexdigest()[:24]
     path = cache.cache_dir() / f"toolchain-{key}.json"
+    lists = ("include_cpu", "include_cuda", "lib_cpu", "lib_cuda", "nvcc_flags", "pybind_flags")
+    optional = ("cuda_home", "cuda_toolkit_version")
     try:
-        return json.loads(path.read_text())
+        stored = json.loads(path.read_text())
     except (OSError, ValueError):
-        pass
+        stored = None
+    # a damaged file (valid JSON of the wrong shape, e.g. `{}`) is recomputed, never trusted
+    if (isinstance(stored, dict) and isinstance(stored.get("cxx_std"), str)
+            and isinstance(stored.get("python_include"), str)
+            and all(isinstance(stored.get(k), list) and all(isinstance(x, str) for x in stored[k]) for k in lists)
+            and all(k in stored and (stored[k] is None or isinstance(stored[k], str)) for k in optional)):
+        return stored
     found = _compute_facts()
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     try:
@@ -218,7 +227,8 @@ def cxx11_abi() -> int:
 
 
 def python_include() -> str:
-    return sysconfig.get_paths()["include"]
+    """Where Python.h is (read from the cached facts: sysconfig takes milliseconds to load)."""
+    return str(facts()["python_include"])
 
 
 def cxx_standard_flag() -> str:

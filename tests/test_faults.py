@@ -1,0 +1,648 @@
+"""Cache integrity under faults: sources edited mid-build, damaged cache files and metadata, precompiled
+headers, interrupted builds, unsafe directories, gc/clear racing builds, and a short fault-injection run.
+
+Everything here builds tiny torch-free C++ libraries through build.plan_unit/Target/build directly
+(~0.2 s each) and calls them with ctypes."""
+import ctypes
+import errno
+import itertools
+import json
+import multiprocessing
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import filelock
+import pytest
+
+from kernelkit import aot, build, cache, cli, toolchain
+from kernelkit.errors import (BuildError, CacheSecurityError, CacheUnwritable, Diagnostic, KernelkitError,
+                              SourcesChanged)
+from kernelkit.sources import sha256_file
+
+TU = '#include "v.h"\nextern "C" __attribute__((visibility("default"))) int f() {{ return V * 100 + {w}; }}\n'
+
+
+@pytest.fixture
+def cache_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("KERNELKIT_COMPILER_LAUNCHER", raising=False)
+    return cache.cache_dir()
+
+
+@pytest.fixture
+def card(tmp_path):
+    """A one-file C++ library f() = V * 100 + w, V from the local header v.h."""
+    d = tmp_path / "card"
+    d.mkdir()
+    (d / "v.h").write_text("#define V 1\n")
+    (d / "f.cpp").write_text(TU.format(w=1))
+    return d
+
+
+def make_target(src: Path, text=None, name="f", include_dirs=None, pch_defines=None) -> build.Target:
+    text = src.read_text() if text is None else text
+    unit = build.plan_unit("cpp", src, text, include_dirs or [src.parent], [], [], src.name,
+                           pch_defines=pch_defines)
+    ldflags = ["-shared"]
+    display = {str(src): src.name, **{str(d): d.name for d in unit.deps}}
+    return build.Target(name=name, units=[unit], ldflags=ldflags, key=build.target_key(name, [unit], ldflags),
+                        with_cuda=False, pymodule=None, display=display, texts={src.name: text.splitlines()})
+
+
+def call_f(so: Path) -> int:
+    return ctypes.CDLL(str(so)).f()
+
+
+def launcher(tmp_path: Path, body: str) -> str:
+    script = tmp_path / f"launcher-{abs(hash(body))}.sh"
+    script.write_text("#!/bin/sh\n" + body + '\nexec "$@"\n')
+    script.chmod(0o755)
+    return str(script)
+
+
+# ------------------------------------------------------------------------------------- edits mid-build
+@pytest.mark.parametrize("edited", ["f.cpp", "v.h"])
+def test_edit_during_compile_is_not_cached_under_the_old_key(cache_root, card, tmp_path, monkeypatch, edited):
+    target = make_target(card / "f.cpp")  # planned from V=1, w=1: f() == 101
+    old = {p: (card / p).read_text() for p in ("f.cpp", "v.h")}
+    edit = {"f.cpp": "s/+ 1;/+ 2;/", "v.h": "s/V 1/V 2/"}[edited]
+    monkeypatch.setenv("KERNELKIT_COMPILER_LAUNCHER", launcher(tmp_path, f"sed -i '{edit}' {card / edited}"))
+    with pytest.raises(SourcesChanged, match=rf"{edited} changed while it was being compiled"):
+        build.build(target)
+    assert cache.cached_object(target.units[0].key) is None
+    assert cache.verified_library(target.name, target.key) is None
+    monkeypatch.delenv("KERNELKIT_COMPILER_LAUNCHER")
+    for p, text in old.items():
+        (card / p).write_text(text)
+    so, cached, _ = build.build(make_target(card / "f.cpp"))
+    assert not cached and call_f(so) == 101
+
+
+def test_edit_undone_during_compile_is_caught(cache_root, card, tmp_path, monkeypatch):
+    """The compiler reads the edit, which is undone before the build checks the file's content again."""
+    target = make_target(card / "f.cpp")
+    src = card / "f.cpp"
+    script = tmp_path / "edit-and-undo.sh"
+    script.write_text(f"#!/bin/sh\nsed -i 's/+ 1;/+ 2;/' {src}\n\"$@\"\nrc=$?\nsed -i 's/+ 2;/+ 1;/' {src}\nexit $rc\n")
+    script.chmod(0o755)
+    os.utime(src, (time.time() - 60, time.time() - 60))
+    monkeypatch.setenv("KERNELKIT_COMPILER_LAUNCHER", str(script))
+    with pytest.raises(SourcesChanged, match="f.cpp changed while it was being compiled"):
+        build.build(target)
+    monkeypatch.delenv("KERNELKIT_COMPILER_LAUNCHER")
+    so, _, _ = build.build(make_target(src))
+    assert call_f(so) == 101
+
+
+@pytest.mark.cuda_build
+def test_header_edit_during_nvcc_compile_is_not_cached(cache_root, tmp_path, monkeypatch):
+    d = tmp_path / "cu"
+    d.mkdir()
+    (d / "k.cuh").write_text("#define K 3\n")
+    src = d / "k.cu"
+    src.write_text('#include "k.cuh"\n__global__ void k(int* x) { x[0] = K; }\n')
+    unit = build.plan_unit("cu", src, src.read_text(), [d], [], toolchain.arch_list("9.0"), "k.cu")
+    target = build.Target(name="k", units=[unit], ldflags=["-shared"], key=build.target_key("k", [unit], ["-shared"]),
+                          with_cuda=True, pymodule=None, display={str(src): "k.cu", str(d / "k.cuh"): "k.cuh"},
+                          texts={})
+    monkeypatch.setenv("KERNELKIT_COMPILER_LAUNCHER", launcher(tmp_path, f"sed -i 's/K 3/K 4/' {d / 'k.cuh'}"))
+    with pytest.raises(SourcesChanged, match="k.cuh changed while it was being compiled"):
+        build.build(target)
+    assert cache.cached_object(unit.key) is None
+
+
+def test_crlf_and_undecodable_sources_are_not_mistaken_for_edits(cache_root, card):
+    src = card / "f.cpp"
+    src.write_bytes(b"// caf\xe9\r\n" + TU.format(w=3).replace("\n", "\r\n").encode())
+    so, _, _ = build.build(make_target(src, text=src.read_text(errors="replace")))
+    assert call_f(so) == 103
+
+
+def test_tampered_generated_source_is_not_compiled_under_its_key(cache_root, card):
+    text = TU.format(w=1)
+    src = cache.subdir("src") / "0123456789abcdef01234567" / "f.cpp"
+    src.parent.mkdir()
+    src.write_text(TU.format(w=9))  # not what the key is made of
+    with pytest.raises(SourcesChanged, match="generated source .* damaged"):
+        build.build(make_target(src, text=text, include_dirs=[card]))
+    assert not src.exists()  # so the next load writes it again
+    src.write_text(text)
+    so, _, _ = build.build(make_target(src, text=text, include_dirs=[card]))
+    assert call_f(so) == 101
+
+
+def test_generated_source_rewritten_with_the_same_text_is_no_edit(cache_root, card, tmp_path, monkeypatch):
+    """Processes that load the same inline code at once each write its source (same text, new inode)."""
+    text = TU.format(w=1)
+    src = cache.subdir("src") / "0123456789abcdef01234567" / "f.cpp"
+    src.parent.mkdir()
+    src.write_text(text)
+    monkeypatch.setenv("KERNELKIT_COMPILER_LAUNCHER", launcher(tmp_path, f"cp {src} {src}.tmp && mv {src}.tmp {src}"))
+    so, _, _ = build.build(make_target(src, text=text, include_dirs=[card]))
+    assert call_f(so) == 101
+
+
+def test_header_the_include_scan_cannot_see_is_refused(cache_root, card):
+    (card / "f.cpp").write_text('#define HEADER "v.h"\n#include HEADER\n'
+                                'extern "C" __attribute__((visibility("default"))) int f() { return V; }\n')
+    with pytest.raises(SourcesChanged, match=r"v\.h, which kernelkit's include scan did not find"):
+        build.build(make_target(card / "f.cpp"))
+
+
+# ------------------------------------------------------------------------------ damaged cache contents
+def _built(card) -> build.Target:
+    target = make_target(card / "f.cpp")
+    build.build(target)
+    return target
+
+
+@pytest.mark.parametrize("so_field", ["abs", "../"])
+def test_manifest_pointing_outside_its_entry_is_corrupt(cache_root, card, tmp_path, so_field):
+    target = _built(card)
+    entry = cache.library_dir(target.name, target.key)
+    other = tmp_path / "elsewhere" / "other.so"
+    other.parent.mkdir()
+    other.write_bytes((entry / target.so_name).read_bytes())
+    manifest = json.loads((entry / "manifest.json").read_text())
+    manifest["so"] = str(other) if so_field == "abs" else os.path.relpath(other, entry)
+    manifest["sha256"] = sha256_file(other)
+    (entry / "manifest.json").write_text(json.dumps(manifest))
+    assert cache.verified_library(target.name, target.key) is None
+    assert not entry.exists()
+
+
+@pytest.mark.parametrize("manifest", [["so"], {"name": "f", "key": 5, "so": 7, "sha256": None}, {"so": ["x.so"]}])
+def test_manifest_of_the_wrong_type_is_corrupt(cache_root, card, manifest):
+    target = _built(card)
+    entry = cache.library_dir(target.name, target.key)
+    (entry / "manifest.json").write_text(json.dumps(manifest))
+    assert cache.verified_library(target.name, target.key) is None
+    so, cached, _ = build.build(target)
+    assert not cached and call_f(so) == 101
+
+
+def test_object_metadata_of_the_wrong_type_is_corrupt(cache_root, card):
+    target = _built(card)
+    key = target.units[0].key
+    cache.object_path(key).with_suffix(".json").write_text("[1, 2]")
+    assert cache.cached_object(key) is None
+    assert not cache.object_path(key).exists()
+
+
+def test_file_where_an_entry_directory_belongs_is_replaced(cache_root, card):
+    target = make_target(card / "f.cpp")
+    cache.library_dir(target.name, target.key).write_text("not a directory")
+    cache.object_path(target.units[0].key).mkdir()  # and a directory where the object belongs
+    (cache.object_path(target.units[0].key).with_suffix(".json")).write_text("{}")
+    so, cached, _ = build.build(target)
+    assert not cached and call_f(so) == 101
+
+
+def test_corrupt_entry_is_removed_only_under_its_lock(cache_root, card):
+    target = _built(card)
+    entry = cache.library_dir(target.name, target.key)
+    (entry / target.so_name).write_bytes(b"damaged")
+    holder = filelock.FileLock(str(cache.subdir("locks") / f"{cache.library_lock(target.name, target.key)}.lock"))
+    with holder:  # another process is rebuilding it right now: its entry is not ours to remove
+        assert cache.verified_library(target.name, target.key) is None
+        assert entry.exists()
+    assert cache.verified_library(target.name, target.key) is None
+    assert not entry.exists()
+
+
+def test_toolchain_facts_file_of_the_wrong_shape_is_recomputed(cache_root):
+    toolchain.facts.cache_clear()
+    toolchain.facts()
+    [facts_file] = cache_root.glob("toolchain-*.json")
+    for bad in ("{}", '{"include_cpu": 5}', "[]"):
+        facts_file.write_text(bad)
+        toolchain.facts.cache_clear()
+        assert isinstance(toolchain.facts()["include_cpu"], list) and toolchain.torch_include_paths(False)
+    assert isinstance(json.loads(facts_file.read_text())["include_cpu"], list)  # and written back whole
+
+
+def test_malformed_manifests_do_not_break_list_gc_or_info(cache_root, capsys):
+    for i, m in enumerate([[], {"so": 5, "key": 7, "build_seconds": "slow", "name": None}, "x"]):
+        entry = cache.subdir("lib") / f"bad{i}-0123456789abcdef"
+        entry.mkdir()
+        (entry / "manifest.json").write_text(json.dumps(m))
+    (cache.subdir("lib") / "afile-0123456789abcdef").write_text("")
+    assert cli.main(["cache", "list"]) == 0
+    assert "bad1" in capsys.readouterr().out
+    cache.info()
+    assert cache.gc(max_age_days=30)["libraries"] == 0
+    assert cache.gc(max_age_days=30, now=time.time() + 90 * 86400)["libraries"] == 4
+
+
+# ------------------------------------------------------------------------------------ verify and CLI
+def test_verify_reports_and_fixes_corrupt_entries(cache_root, card, capsys):
+    good = _built(card)
+    (card / "f.cpp").write_text(TU.format(w=2))
+    bad = _built(card)
+    (cache.library_dir(bad.name, bad.key) / bad.so_name).write_bytes(b"damaged")
+    cache.object_path(good.units[0].key).write_bytes(b"damaged")
+    found = {f["entry"]: f for f in cache.verify()}
+    corrupt = {e for e, f in found.items() if f["status"] == "corrupt"}
+    assert corrupt == {f"lib/{cache.library_dir(bad.name, bad.key).name}", f"obj/{good.units[0].key}.o"}
+    assert "sha256" in found[f"obj/{good.units[0].key}.o"]["reason"]
+    assert found[f"lib/{cache.library_dir(good.name, good.key).name}"]["status"] == "ok"
+    assert cli.main(["cache", "verify"]) == 1
+    out = capsys.readouterr().out
+    assert "would be removed by --fix" in out and "2 corrupt" in out
+    assert cli.main(["cache", "verify", "--fix"]) == 0
+    assert "removed" in capsys.readouterr().out
+    assert all(f["status"] == "ok" for f in cache.verify())
+    assert cache.verified_library(good.name, good.key) is not None
+
+
+# ------------------------------------------------------------------------------ precompiled headers
+def test_pch_is_off_by_default_on_small_machines(monkeypatch):
+    if not toolchain.is_gcc():
+        pytest.skip("precompiled headers are used with gcc only")
+    monkeypatch.delenv("KERNELKIT_PCH", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert not build.pch_enabled()
+    monkeypatch.setenv("KERNELKIT_PCH", "1")
+    assert build.pch_enabled()
+    monkeypatch.delenv("KERNELKIT_PCH")
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert build.pch_enabled()
+
+
+def _binding_unit(tmp_path) -> build.Unit:
+    src = tmp_path / "b.cpp"
+    text = "#include <kernelkit/binding.h>\n"
+    src.write_text(text)
+    return build.plan_unit("cpp", src, text, [toolchain.CSRC], [], [], "b.cpp", pch_defines=["KERNELKIT_BINDING=1"])
+
+
+@pytest.fixture
+def pch_on(cache_root, monkeypatch):
+    if not toolchain.is_gcc():
+        pytest.skip("precompiled headers are used with gcc only")
+    monkeypatch.setenv("KERNELKIT_PCH", "1")
+    monkeypatch.setattr(build, "_PCH_BUILDER", "pass", raising=False)  # never spend 25 s on a real one
+
+
+def test_truncated_pch_is_not_used_and_is_rebuilt(pch_on, tmp_path):
+    unit = _binding_unit(tmp_path)
+    root, _ = build._pch_plan(unit)
+    gch = root / "kernelkit" / "binding.h.gch"
+    gch.parent.mkdir(parents=True)
+    gch.write_bytes(b"P" * 4096)
+    (root / "pch.json").write_text(json.dumps({"file": "kernelkit/binding.h.gch", "size": 4096,
+                                               "sha256": sha256_file(gch)}))
+    assert build._pch_flags(unit) == [f"-I{root}", "-Winvalid-pch"]  # intact: used
+    gch.write_bytes(b"P" * 100)  # truncated
+    builds = build.STATS["pch_builds"]
+    assert build._pch_flags(unit) == []
+    assert not gch.exists() and build.STATS["pch_builds"] == builds + 1
+
+
+def test_killed_pch_builder_leaves_no_claim_or_partial_file(pch_on, tmp_path, capfd, monkeypatch):
+    unit = _binding_unit(tmp_path)
+    root, _ = build._pch_plan(unit)
+    (root / "kernelkit").mkdir(parents=True)
+    (root / "building").write_text("")  # its builder was killed a moment ago: the claim is not held
+    partial = root / "kernelkit" / ".binding.h.gch.4242"
+    partial.write_bytes(b"half")
+    builds = build.STATS["pch_builds"]
+    monkeypatch.setattr(build, "_PCH_ANNOUNCED", False, raising=False)
+    assert build._pch_flags(unit) == []
+    assert not partial.exists() and build.STATS["pch_builds"] == builds + 1
+    deadline = time.time() + 30
+    while (held := cache.try_flock(root / "building")) is None:  # the started builder holds it until it exits
+        assert time.time() < deadline
+        time.sleep(0.05)
+    try:  # a live builder (now us): nobody starts a second one
+        assert build._pch_flags(unit) == [] and build.STATS["pch_builds"] == builds + 1
+    finally:
+        os.close(held)
+    build._pch_flags(unit)
+    assert capfd.readouterr().err.count("precompiled <kernelkit/binding.h>") == 1  # announced once per process
+
+
+def test_unreadable_pch_is_dropped_and_the_unit_compiled_without(pch_on, tmp_path, monkeypatch):
+    inc = tmp_path / "inc"
+    (inc / "kernelkit").mkdir(parents=True)
+    header = inc / "kernelkit" / "binding.h"
+    header.write_text("#pragma once\n#include <map>\n#include <string>\ninline int g() { return 7; }\n")
+    src = tmp_path / "b.cpp"
+    src.write_text('#include <kernelkit/binding.h>\nextern "C" __attribute__((visibility("default"))) '
+                   "int f() { return g(); }\n")
+    target = make_target(src, include_dirs=[inc], pch_defines=[])
+    root = tmp_path / "pch"
+    gch = root / "kernelkit" / "binding.h.gch"
+    gch.parent.mkdir(parents=True)
+    subprocess.run([toolchain.cxx(), *target.units[0].flags, "-x", "c++-header", str(header), "-o", str(gch)],
+                   check=True, capture_output=True)
+    gch.write_bytes(gch.read_bytes()[: gch.stat().st_size // 2])  # recorded as it is: only gcc can tell
+    (root / "pch.json").write_text(json.dumps({"file": "kernelkit/binding.h.gch", "size": gch.stat().st_size,
+                                               "sha256": sha256_file(gch)}))
+    monkeypatch.setattr(build, "_pch_plan", lambda unit: (root, ["true"]))
+    rejected = build.STATS["pch_rejected"]
+    so, _, _ = build.build(target)
+    assert call_f(so) == 7
+    assert build.STATS["pch_rejected"] == rejected + 1 and not gch.exists() and not (root / "pch.json").exists()
+
+
+def test_pch_is_sized_collected_and_cleared(cache_root):
+    root = cache.subdir("pch") / "k1"
+    (root / "kernelkit").mkdir(parents=True)
+    (root / "kernelkit" / "binding.h.gch").write_bytes(b"x" * 5000)
+    (root / "pch.json").write_text(json.dumps({"file": "kernelkit/binding.h.gch", "size": 5000, "sha256": "0"}))
+    assert cache.info()["subdirs"]["pch"] >= 5000
+    assert cache.gc(max_age_days=30)["pch"] == 0
+    assert cache.gc(max_age_days=30, now=time.time() + 90 * 86400)["pch"] == 1 and not root.exists()
+    (root / "kernelkit").mkdir(parents=True)
+    assert cache.clear() >= 1 and not root.exists()
+
+
+# ------------------------------------------------------------------------------------ compiler output
+def test_compiler_messages_are_bounded():
+    huge = [Diagnostic("a.cpp", i, 1, "error", "template<" * 100000) for i in range(50)]
+    e = BuildError("compiling a.cpp", huge, "full log " * 100000)
+    assert len(str(e)) <= 17000 and "more errors" in str(e) and len(e.log) == 900000
+    tail = BuildError("linking a", [], "\n".join("undefined reference " + "x" * 9000 for _ in range(30)))
+    assert len(str(tail)) <= 17000
+
+
+def test_real_template_error_message_is_bounded(cache_root, tmp_path):
+    src = tmp_path / "t.cpp"
+    # the type's name doubles with every level: gcc spells all ~2^15 leaves out in the error
+    src.write_text("template <class A, class B> struct P {};\n"
+                   "template <int N> struct T { using type = P<typename T<N - 1>::type, typename T<N - 1>::type>; };\n"
+                   "template <> struct T<0> { using type = int; };\n"
+                   "int x = T<15>::type{};\n")
+    with pytest.raises(BuildError) as info:
+        build.build(make_target(src))
+    assert len(str(info.value)) <= 17000 and len(info.value.log) > 100000
+    assert "t.cpp:4" in str(info.value)
+
+
+# ------------------------------------------------------------------------------- safety of directories
+def test_world_writable_cache_dir_is_refused(tmp_path, monkeypatch):
+    root = tmp_path / "shared"
+    root.mkdir()
+    os.chmod(root, 0o777)
+    monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(root))
+    with pytest.raises(CacheSecurityError, match=r"writable by group or others.*chmod go-w"):
+        cache.cache_dir()
+
+
+def test_cache_is_created_private_whatever_the_umask(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "new" / "kk"))
+    old = os.umask(0)
+    try:
+        v1 = cache.cache_dir()
+        cache.subdir("lib")
+    finally:
+        os.umask(old)
+    for p in (tmp_path / "new", tmp_path / "new" / "kk", v1, v1 / "lib"):
+        assert p.stat().st_mode & 0o077 == 0, p
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="changing a directory's owner needs root")
+def test_cache_dir_owned_by_another_user_is_refused(tmp_path, monkeypatch):
+    root = tmp_path / "theirs"
+    root.mkdir(mode=0o700)
+    os.chown(root, 12345, 12345)
+    monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(root))
+    with pytest.raises(CacheSecurityError, match="owned by uid 12345"):
+        cache.cache_dir()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="changing a directory's owner needs root")
+def test_prebuilt_dir_owned_by_another_user_is_skipped(tmp_path, monkeypatch, caplog):
+    theirs, mine = tmp_path / "theirs", tmp_path / "mine"
+    theirs.mkdir()
+    mine.mkdir()
+    os.chown(theirs, 12345, 12345)
+    monkeypatch.setenv("KERNELKIT_PREBUILT_PATH", os.pathsep.join([str(theirs), str(mine)]))
+    dirs = aot.prebuilt_dirs()
+    assert theirs not in dirs and mine in dirs
+    assert "owned by uid 12345" in caplog.text
+
+
+# --------------------------------------------------------------------------------- environment, disk
+def test_bad_max_age_setting_warns_and_never_fails_a_build(cache_root, card, monkeypatch, caplog):
+    target = _built(card)
+    for bad in ("thirty", "-1", "nan"):
+        monkeypatch.setenv("KERNELKIT_CACHE_MAX_AGE_DAYS", bad)
+        (cache_root / "last-gc").unlink(missing_ok=True)
+        cache.maybe_gc()
+        assert "KERNELKIT_CACHE_MAX_AGE_DAYS" in caplog.text
+        assert cache.verified_library(target.name, target.key) is not None  # the default 30 days kept it
+
+
+def test_missing_compiler_launcher_is_named(cache_root, card, monkeypatch):
+    monkeypatch.setenv("KERNELKIT_COMPILER_LAUNCHER", "/nonexistent/ccache")
+    with pytest.raises(KernelkitError, match="KERNELKIT_COMPILER_LAUNCHER"):
+        build.build(make_target(card / "f.cpp"))
+
+
+def test_disk_full_while_writing_the_manifest(cache_root, card, monkeypatch):
+    real = Path.write_text
+
+    def full(self, *args, **kwargs):
+        if self.name == "manifest.json":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    target = make_target(card / "f.cpp")
+    with pytest.raises(CacheUnwritable, match=r"no space left.*kernelkit cache gc.*clear"):
+        build.build(target)
+    assert not cache.library_dir(target.name, target.key).exists()
+    assert not [p for p in cache.subdir("tmp").iterdir() if p.name.startswith("lib-")]
+
+
+# --------------------------------------------------------------------------------- locks, gc, clear
+def test_idle_lock_files_and_old_sources_are_collected(cache_root):
+    locks = cache.subdir("locks")
+    idle, held, fresh = (locks / f"{n}.lock" for n in ("idle", "held", "fresh"))
+    for p in (idle, held, fresh):
+        p.write_text("")
+    src_old, src_new = cache.subdir("src") / "old", cache.subdir("src") / "new"
+    src_old.mkdir()
+    src_new.mkdir()
+    two_days_ago = time.time() - 2 * 86400
+    for p in (idle, held):
+        os.utime(p, (two_days_ago, two_days_ago))
+    long_ago = time.time() - 60 * 86400
+    os.utime(src_old, (long_ago, long_ago))
+    with filelock.FileLock(str(held)):
+        removed = cache.gc(max_age_days=30)
+    assert removed["locks"] == 1 and removed["sources"] == 1
+    assert not idle.exists() and held.exists() and fresh.exists()
+    assert not src_old.exists() and src_new.exists()
+
+
+def test_gc_and_clear_leave_what_another_process_is_building(cache_root, card):
+    target = _built(card)
+    entry = cache.library_dir(target.name, target.key)
+    obj = cache.object_path(target.units[0].key)
+    live_tmp = cache.private_tmpdir("obj-")  # another build's private directory, at work
+    lib_lock = filelock.FileLock(str(cache.subdir("locks") / f"{cache.library_lock(target.name, target.key)}.lock"))
+    obj_lock = filelock.FileLock(str(cache.subdir("locks") / f"{target.units[0].key}.lock"))
+    with lib_lock, obj_lock:
+        cache.clear()
+        assert entry.exists() and obj.exists() and live_tmp.exists()
+        removed = cache.gc(max_age_days=30, now=time.time() + 90 * 86400)
+        assert removed["libraries"] == removed["objects"] == 0 and entry.exists() and obj.exists()
+    cache.clear()
+    assert not entry.exists() and not obj.exists()
+
+
+# --------------------------------------------------------------------------------------- interruption
+SIGINT_CHILD = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from test_faults import make_target
+from kernelkit import build
+build.build(make_target(Path({src!r})))
+"""
+
+
+def test_sigint_ends_the_build_and_its_compilers_at_once(cache_root, card, tmp_path):
+    pidfile = tmp_path / "launcher.pid"
+    slow = launcher(tmp_path, f"echo $$ > {pidfile}\nsleep 30")
+    code = SIGINT_CHILD.format(tests=str(Path(__file__).parent), src=str(card / "f.cpp"))
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env={**os.environ, "KERNELKIT_COMPILER_LAUNCHER": slow})
+    deadline = time.time() + 120
+    while not (pidfile.exists() and pidfile.read_text().strip()):
+        assert child.poll() is None, child.communicate()
+        assert time.time() < deadline, "the compile never started"
+        time.sleep(0.05)
+    group = int(pidfile.read_text())
+    t0 = time.time()
+    child.send_signal(signal.SIGINT)
+    try:
+        _, err = child.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        pytest.fail("SIGINT did not end the build within 15 s")
+    assert "KeyboardInterrupt" in err and time.time() - t0 < 10
+    time.sleep(0.2)
+    assert _running_in_group(group) == []  # the launcher and its sleep: ended, not left to run out
+
+
+def _running_in_group(pgid: int) -> list:
+    """Processes of group ``pgid`` that are not zombies (a container's init may never reap those)."""
+    running = []
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            running.append(stat_file.parent.name)
+    return running
+
+
+# ------------------------------------------------------------------------------------ fault injection
+FAULT_SECONDS = 30.0
+
+
+def _value(tu: str, header: str) -> int:
+    return int(re.search(r"#define V (\d+)", header).group(1)) * 100 + int(re.search(r"\+ (\d+);", tu).group(1))
+
+
+def _loader(card: Path, seconds: float, seed: int, results) -> None:
+    """Edit the card now and then, load it, and check that every load returns what its planned text says."""
+    counts = {"loads": 0, "cached": 0, "refused": 0, "vanished": 0, "edits": 0, "wrong": 0}
+    try:
+        _load_and_edit(card, time.time() + seconds, seed, counts)
+    except BaseException as e:  # reported, not lost in a child's stderr
+        counts["error"] = repr(e)
+    results.put(counts)
+
+
+def _load_and_edit(card: Path, end: float, seed: int, counts: dict) -> None:
+    rng, serial = random.Random(seed), itertools.count((seed + 1) * 100000)
+    while time.time() < end:
+        if rng.random() < 0.4:
+            # the TU flips between few values (an edit undone mid-compile must be caught); the header's
+            # values are unique, so comparing it before and after planning tells what the plan hashed
+            name = rng.choice(["f.cpp", "v.h"])
+            unique = next(serial)
+            text = TU.format(w=rng.randint(1, 4)) if name == "f.cpp" else f"#define V {unique}\n"
+            tmp = card / f".{name}.{os.getpid()}"
+            tmp.write_text(text)
+            os.replace(tmp, card / name)
+            counts["edits"] += 1
+        header = (card / "v.h").read_text()
+        tu = (card / "f.cpp").read_text()
+        target = make_target(card / "f.cpp", text=tu)
+        if (card / "v.h").read_text() != header:
+            continue  # edited while planning: what the plan hashed is unknown here
+        try:
+            so, cached, _ = build.build(target)
+            got = call_f(so)
+        except SourcesChanged:
+            counts["refused"] += 1
+            continue
+        except OSError:  # cleared between the build and dlopen
+            counts["vanished"] += 1
+            continue
+        counts["loads"] += 1
+        counts["cached"] += cached
+        counts["wrong"] += got != _value(tu, header)
+
+
+def _collector(seconds: float, seed: int, results) -> None:
+    """gc (everything unused for a second), clear, and verify --fix at random moments."""
+    rng = random.Random(seed)
+    counts = {"gc": 0, "clear": 0, "verify_fix": 0}
+    end = time.time() + seconds
+    try:
+        while time.time() < end:
+            time.sleep(rng.uniform(0.2, 1.0))
+            action = rng.choice(["gc", "clear", "verify_fix"])
+            if action == "gc":
+                cache.gc(max_age_days=1 / 86400)
+            elif action == "clear":
+                cache.clear()
+            else:
+                cache.verify(fix=True)
+            counts[action] += 1
+    except BaseException as e:
+        counts["error"] = repr(e)
+    results.put(counts)
+
+
+def test_fault_injection_loads_stay_true_to_their_sources(cache_root, card, tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELKIT_COMPILER_LAUNCHER", launcher(tmp_path, "sleep 0.2"))
+    monkeypatch.setenv("KERNELKIT_VERBOSE", "0")
+    ctx = multiprocessing.get_context("fork")  # kernelkit and torch are imported already
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_loader, args=(card, FAULT_SECONDS, seed, results)) for seed in range(3)]
+    procs.append(ctx.Process(target=_collector, args=(FAULT_SECONDS, 99, results)))
+    for p in procs:
+        p.start()
+    counts = [results.get(timeout=FAULT_SECONDS + 120) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    errors = [c.pop("error") for c in counts if "error" in c]
+    assert not errors, errors
+    total = {k: sum(c.get(k, 0) for c in counts) for c in counts for k in c}
+    print("fault injection:", total)
+    assert total["wrong"] == 0, total
+    assert total["loads"] >= 20 and total["edits"] >= 10 and total["refused"] + total["loads"] > 0, total
+    problems = [f for f in cache.verify() if f["status"] != "ok"]
+    assert not problems, problems
+    monkeypatch.delenv("KERNELKIT_COMPILER_LAUNCHER")
+    header, tu = (card / "v.h").read_text(), (card / "f.cpp").read_text()
+    so, _, _ = build.build(make_target(card / "f.cpp"))
+    assert call_f(so) == _value(tu, header)
