@@ -23,6 +23,7 @@ Command line::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -32,10 +33,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from . import toolchain
 from .errors import CacheSecurityError, KernelkitError
+from .plan import plan_card
 from .progress import say
 from .sources import digest_tree, sha256_bytes, sha256_file
 
@@ -127,9 +129,40 @@ def covers(have: Iterable[str], want: Iterable[str]) -> bool:
 
 # ------------------------------------------------------------------------------- finding at run time
 def prebuilt_dirs() -> List[Path]:
-    """KERNELKIT_PREBUILT_PATH (in order), then the installed package's prebuilt directory."""
+    """KERNELKIT_PREBUILT_PATH (in order), then the installed package's prebuilt directory: those that
+    exist and are trusted (see ``_trusted_owners``); an untrusted one is skipped with a warning."""
     env = [Path(p).expanduser() for p in os.environ.get(PREBUILT_ENV, "").split(os.pathsep) if p]
-    return env + [PACKAGE_PREBUILT]
+    return [d for d in env + [PACKAGE_PREBUILT] if _trusted_dir(d)]
+
+
+def _trusted_owners(root: Path) -> Set[int]:
+    """You and root; for the package's own prebuilt directory also whoever installed kernelkit (their
+    Python code runs in this process already)."""
+    owners = {os.getuid(), 0}
+    if root == PACKAGE_PREBUILT:
+        with contextlib.suppress(OSError):
+            owners.add(os.stat(Path(__file__).resolve()).st_uid)
+    return owners
+
+
+_WARNED: Set[Path] = set()
+
+
+def _trusted_dir(root: Path) -> bool:
+    try:
+        st = os.stat(root)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        return False
+    if st.st_uid in _trusted_owners(root):
+        return True
+    if root not in _WARNED:
+        _WARNED.add(root)
+        log.warning("ignoring prebuilt directory %s: it is owned by uid %d, not by you (uid %d) or root, and "
+                    "loading its libraries would run their code. Use a directory of your own in %s.",
+                    root, st.st_uid, os.getuid(), PREBUILT_ENV)
+    return False
 
 
 def _check_trusted(path: Path, owner: int) -> None:
@@ -206,7 +239,6 @@ def find_prebuilt(target) -> Optional[Path]:
 def plan(ops: Optional[Sequence[str]] = None, arch=None, kernels_dir=None) -> List[Tuple[object, object]]:
     """(card, target) for each card, planned exactly as ``kernelkit.load`` plans it; all cards and the
     fast call module (``"fastcall"``, card None) by default."""
-    from .api import _plan_card
     from .cards import all_cards, find  # (the package's `cards` attribute is the all_cards function)
 
     names = list(ops) if ops else sorted(all_cards(kernels_dir)) + [FASTCALL]
@@ -218,7 +250,7 @@ def plan(ops: Optional[Sequence[str]] = None, arch=None, kernels_dir=None) -> Li
             out.append((None, fastcall.target()))
             continue
         card = find(name, kernels_dir)
-        out.append((card, _plan_card(card, arch, [], [], [], [])))
+        out.append((card, plan_card(card, arch, [], [], [], [])))
     return out
 
 

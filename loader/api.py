@@ -1,28 +1,36 @@
-"""The entry points: ``load`` (a card's files), ``load_inline`` (strings from a notebook cell),
-``library`` (the latest loaded build, for hot paths), ``refresh``/``autoreload`` (hot reload)."""
+"""The entry points: ``load`` (a card's files, or torch-style extension sources), ``load_inline`` (strings:
+torch's form or kernelkit's), ``library`` (the latest loaded build, for hot paths), ``refresh``/``autoreload``
+(hot reload). ``load``/``load_inline`` take torch.utils.cpp_extension's arguments in torch's order."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
+import inspect
 import logging
 import os
 import re
+import shutil
+import subprocess
 import threading
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union
+
+import torch
 
 from . import build as _build
-from . import aot, cache, cards, toolchain
+from . import aot, cache, plan
+from .cards import Card, find as find_card
 from .errors import KernelkitError
-from .library import Library
+from .library import Library, import_extension
 from .progress import say
-from .sources import sha256_bytes
 
 log = logging.getLogger("kernelkit")
 
 _LOCK = threading.RLock()
-_BY_KEY: Dict[str, Library] = {}  # every build loaded in this process (a .so cannot be unloaded)
+_BY_KEY: Dict[str, Library] = {}  # every card/inline build loaded in this process (a .so cannot be unloaded)
 _LATEST: Dict[str, Library] = {}  # card/inline name -> its newest build
+_EXTENSIONS: Dict[str, tuple] = {}  # torch-style build key -> (what load returned, the built file)
 _ON_ACTIVATE: List = []  # callbacks(lib) run whenever a name switches to another already-set-up build
 
 
@@ -44,83 +52,19 @@ class BuildInfo:
     build_seconds: float
 
 
-def _display(path: Path) -> str:
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
+def _built(target: _build.Target, prebuilt_ok: bool = True):
+    """(path, cached, seconds): a verified cache entry first, then a prebuilt (AOT) library, then a build."""
+    so = cache.verified_library(target.name, target.key)
+    if so is not None:
+        return so, True, 0.0
+    prebuilt = aot.find_prebuilt(target) if prebuilt_ok else None
+    if prebuilt is not None:
+        say(f"{target.name}: using prebuilt {prebuilt}")
+        return prebuilt, True, 0.0
+    return _build.build(target)
 
 
-def _write_source(text: str, filename: str) -> Path:
-    """Generated or inline sources live in the cache under their content hash (written once)."""
-    d = cache.subdir("src") / sha256_bytes(text.encode(), filename.encode())[:24]
-    path = d / filename
-    if not path.is_file():
-        with cache.writing(d):
-            d.mkdir(exist_ok=True, mode=0o700)
-            tmp = d / f".{filename}.{os.getpid()}.tmp"
-            tmp.write_text(text)
-            os.replace(tmp, path)
-    return path
-
-
-def _flags(value, what: str) -> List[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        raise TypeError(f"{what}: expected a list of strings, got the string {value!r} (wrap it in a list)")
-    out = list(value)
-    if not all(isinstance(v, str) for v in out):
-        raise TypeError(f"{what}: expected a list of strings, got {value!r}")
-    return out
-
-
-def _make_target(name: str, units: List[_build.Unit], with_cuda: bool, pymodule: Optional[str],
-                 extra_ldflags: Sequence[str], texts: Dict[str, List[str]]) -> _build.Target:
-    ldflags = _build.link_flags(with_cuda, bool(pymodule), extra_ldflags)
-    display = {str(u.path): u.display for u in units}
-    for u in units:
-        display.update({str(d): _display(d) for d in u.deps})
-    return _build.Target(name, units, ldflags, _build.target_key(name, units, ldflags), with_cuda, pymodule,
-                         display, texts)
-
-
-def _plan_card(card: cards.Card, arch, extra_cflags, extra_cuda_cflags, extra_ldflags,
-               extra_include_paths) -> _build.Target:
-    spec = card.spec
-    cflags = list(getattr(spec, "extra_cflags", ()) or ()) + extra_cflags
-    cuflags = list(getattr(spec, "extra_cuda_cflags", ()) or ()) + extra_cuda_cflags
-    sources = card.sources()
-    with_cuda = any(s.suffix == ".cu" for s in sources)
-    if with_cuda:
-        toolchain.check_cuda_match(f"card {card.name}")
-    archs = toolchain.arch_list(arch) if with_cuda else []
-    include_dirs = [card.dir, toolchain.CSRC] + [Path(p).resolve() for p in extra_include_paths]
-    units, texts = [], {}
-    for src in sources:
-        if not src.is_file():
-            raise KernelkitError(f"card {card.name}: source {src} does not exist")
-        text = src.read_text()
-        kind = "cu" if src.suffix == ".cu" else "cpp"
-        units.append(_build.plan_unit(kind, src, text, include_dirs, cuflags if kind == "cu" else cflags,
-                                      archs, _display(src)))
-        texts[_display(src)] = text.splitlines()
-    header = card.header()
-    if header is not None:
-        text = "".join([
-            "#define KERNELKIT_BINDING 1\n",
-            "#define KERNELKIT_WITH_CUDA 1\n" if with_cuda else "",
-            "#include <kernelkit/binding.h>\n",
-            f'#include "{header.name}"\n',
-        ])
-        path = _write_source(text, f"{card.name}_binding.cpp")
-        units.append(_build.plan_unit("cpp", path, text, include_dirs, cflags, archs,
-                                      f"{_display(header)} (binding)", optimize="-O2",
-                                      pch_defines=_pch_defines(with_cuda)))
-    return _make_target(card.name, units, with_cuda, None, _flags(extra_ldflags, "extra_ldflags"), texts)
-
-
-def _open(target: _build.Target, card: Optional[cards.Card], options: dict, do_load: bool):
+def _open(target: _build.Target, card: Optional[Card], options: dict, do_load: bool):
     with _LOCK:
         lib = _BY_KEY.get(target.key)
         if lib is not None:  # unchanged: no compiler, no dlopen, no hashing of the .so
@@ -131,18 +75,13 @@ def _open(target: _build.Target, card: Optional[cards.Card], options: dict, do_l
                 for callback in _ON_ACTIVATE:
                     callback(lib)
             return lib
-        prebuilt = aot.find_prebuilt(target)
-        if prebuilt is not None:
-            so, cached, seconds = prebuilt, True, 0.0
-            say(f"{target.name}: using prebuilt {prebuilt}")
-        else:
-            so, cached, seconds = _build.build(target)
+        so, cached, seconds = _built(target)
         if not do_load:
             return BuildInfo(target.name, target.key, so, cached, seconds)
-        if cached and prebuilt is None:
+        if cached:
             say(f"{target.name}: reusing cached build {target.key[:12]}")
-        lib = Library(target.name, target.key, so, pymodule=target.pymodule, cached=cached,
-                      build_seconds=seconds, card=card)
+        lib = _loading(target, so, lambda: Library(target.name, target.key, so, pymodule=target.pymodule,
+                                                   cached=cached, build_seconds=seconds, card=card))
         lib._options = options
         module = card.module() if card is not None else None
         if module is not None and hasattr(module, "setup"):
@@ -152,12 +91,115 @@ def _open(target: _build.Target, card: Optional[cards.Card], options: dict, do_l
         return lib
 
 
-def _short_traceback(fn):
-    """Raise kernelkit's errors from the user's call, not from deep in the build's thread pool: in a
-    notebook the mapped compiler errors are then the first thing on screen."""
+_UNDEFINED = re.compile(r"undefined symbol: (\S+)")
+
+
+def _loading(target: _build.Target, so: Path, opener):
+    """Open a built library; one that names a symbol no source defines is removed from the cache (it can
+    never load) and reported with the symbol demangled."""
+    try:
+        return opener()
+    except (OSError, ImportError) as e:
+        m = _UNDEFINED.search(f"{e} {e.__cause__} {e.__context__}")  # torch.ops.load_library wraps the OSError
+        if m is None:
+            raise
+        cache.remove_library(target.name, target.key)
+        raise KernelkitError(
+            f"loading {target.name} failed: undefined symbol {_demangle(m.group(1))}. Something is declared and "
+            "called but defined in none of the sources (a missing source file, a signature that differs between "
+            "the declaration and the definition, or a library missing from extra_ldflags). The broken build "
+            "was removed from the cache.") from None
+
+
+def _demangle(symbol: str) -> str:
+    try:
+        out = subprocess.run(["c++filt", symbol], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return symbol
+    return f"{out} ({symbol})" if out and out != symbol else symbol
+
+
+# ------------------------------------------------------------------------------ torch-style extensions
+_TORCH_LIBRARY = re.compile(r"\bTORCH_LIBRARY\s*\(\s*(\w+)\s*,")
+
+
+def _refuse_redefined_namespaces(target: _build.Target) -> None:
+    """torch aborts the process when a second library defines a TORCH_LIBRARY namespace: refuse first."""
+    defined = {ns for u in target.units for ns in _TORCH_LIBRARY.findall(u.path.read_text(errors="replace"))}
+    if not defined:
+        return
+    existing = {s.name.split("::")[0] for s in torch._C._jit_get_all_schemas()}
+    clash = sorted(defined & existing)
+    if clash:
+        raise KernelkitError(
+            f"{target.name}: TORCH_LIBRARY({clash[0]}, ...) is already defined in this process (by an earlier "
+            "build of this code, or another library), and torch allows one definition of a namespace per "
+            "process: loading this build would abort it. Restart the process (in Jupyter: restart the kernel) to "
+            "load the edited code, or register the ops with KERNELKIT_LIBRARY, whose namespace is new per build.")
+
+
+def _copy_into(build_directory, target: _build.Target, so: Path) -> Path:
+    """torch's build_directory: the finished library (and load_inline's sources) also land there."""
+    d = Path(build_directory).expanduser()
+    d.mkdir(parents=True, exist_ok=True)
+    final = d / (target.name if target.standalone else f"{target.name}.so")
+    tmp = d / f".{final.name}.{os.getpid()}.tmp"
+    shutil.copy2(so, tmp)
+    os.replace(tmp, final)
+    for u in target.units:
+        if u.path.parent.parent == cache.subdir("src"):  # a generated main.cpp / cuda.cu
+            shutil.copy2(u.path, d / u.path.name)
+    return final
+
+
+def _open_extension(target: _build.Target, is_python_module: bool, build_directory, do_load: bool):
+    with _LOCK:
+        hit = _EXTENSIONS.get(target.key)
+        if hit is None:
+            if not target.standalone and not is_python_module:
+                _refuse_redefined_namespaces(target)
+            so, cached, seconds = _built(target, prebuilt_ok=False)
+            if not do_load:
+                return BuildInfo(target.name, target.key, so, cached, seconds)
+            if cached:
+                say(f"{target.name}: reusing cached build {target.key[:12]}")
+            if target.standalone:
+                result: object = str(so)
+            elif is_python_module:
+                result = _loading(target, so, lambda: _import_module(target, so))
+            else:
+                _loading(target, so, lambda: torch.ops.load_library(str(so)))
+                result = str(so)
+            hit = _EXTENSIONS[target.key] = (result, so)
+        result, so = hit
+        if build_directory is not None:
+            copied = _copy_into(build_directory, target, so)
+            if target.standalone:
+                return str(copied)
+        return result
+
+
+def _import_module(target: _build.Target, so: Path):
+    module = import_extension(target.import_name, so)
+    module.__name__ = target.name  # as torch names it (its spec keeps the per-build import name)
+    module.__kernelkit_key__ = target.key
+    return module
+
+
+# ----------------------------------------------------------------------------------------- entry points
+def _entry_point(fn):
+    """Raise kernelkit's errors from the user's call, not from deep in the build's thread pool (in a notebook
+    the mapped compiler errors are then the first thing on screen); an unknown keyword names the one it
+    resembles (torch's keywords are many and alike)."""
+    params = inspect.signature(fn).parameters
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        for k in kwargs:
+            if k not in params:
+                close = difflib.get_close_matches(k, list(params), n=1, cutoff=0.6)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; it takes: {', '.join(params)}"
+                raise TypeError(f"{fn.__name__}() got an unexpected keyword argument {k!r}{hint}")
         try:
             return fn(*args, **kwargs)
         except KernelkitError as e:
@@ -166,48 +208,116 @@ def _short_traceback(fn):
     return wrapper
 
 
-@_short_traceback
-def load(name: Union[str, os.PathLike], *, kernels_dir=None, arch=None, extra_cflags=None,
-         extra_cuda_cflags=None, extra_ldflags=None, extra_include_paths=None, load: bool = True,
-         verbose: Optional[bool] = None) -> Union[Library, BuildInfo]:
-    """Build (or reuse) the card ``name`` and return its :class:`Library`.
+def _source_paths(sources) -> List[Path]:
+    items = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
+    if not items:
+        raise ValueError("sources: expected at least one source file")
+    paths = []
+    for s in items:
+        if not isinstance(s, (str, os.PathLike)):
+            raise TypeError(f"sources: expected file paths, got {s!r:.80}")
+        p = Path(s).expanduser().resolve()
+        if not p.is_file():
+            raise FileNotFoundError(f"sources: {s} does not exist")
+        paths.append(p)
+    return paths
 
-    ``name`` is a card name looked up on the kernel search path (``kernels_dir`` or ``KERNELKIT_PATH``
-    plus the built-in cards), or a path to a ``.cu``/``.cpp`` file. Calling again after an edit returns
-    the new build; with nothing changed it returns the same object at once, spawning no compiler.
-    ``arch`` ("8.0;9.0", or a list) overrides the CUDA architectures (default: the current GPU's).
-    ``load=False`` builds into the cache without opening the library (e.g. to fill a cache for CUDA
-    cards on a machine with no GPU).
+
+@_entry_point
+def load(name: Union[str, os.PathLike], sources=None, extra_cflags=None, extra_cuda_cflags=None,
+         extra_ldflags=None, extra_include_paths=None, build_directory=None, verbose: bool = False,
+         with_cuda: Optional[bool] = None, is_python_module: bool = True, is_standalone: bool = False,
+         keep_intermediates: bool = True, *, kernels_dir=None, arch=None, load: bool = True,
+         extra_sycl_cflags=None, with_sycl: Optional[bool] = None):
+    """Two uses, one function.
+
+    ``load(name, sources, ...)`` is ``torch.utils.cpp_extension.load``: the same arguments in the same order,
+    torch-style sources (``<torch/extension.h>``, ``PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)``,
+    ``TORCH_LIBRARY``), the same return value (the module; the library's path with
+    ``is_python_module=False``; the executable's with ``is_standalone=True``). Each source is its own
+    cached unit, so an edit recompiles that file only, and a warm cache loads without a compiler.
+    ``build_directory`` receives a copy of the result (the build itself lives in kernelkit's cache);
+    ``keep_intermediates`` is accepted and has no effect (it is for HIP in torch).
+
+    ``load(name)`` builds (or reuses) the card ``name`` on the kernel search path (``kernels_dir`` or
+    ``KERNELKIT_PATH`` plus the built-in cards), or a path to a card's ``.cu``/``.cpp``, and returns its
+    :class:`Library`. Calling again after an edit returns the new build; unchanged, the same object.
+
+    Both: ``arch`` ("8.0;9.0", or a list) overrides the CUDA architectures (default: the current GPU's);
+    ``load=False`` builds into the cache without opening the result (e.g. compile-only on a machine
+    without a GPU) and returns a :class:`BuildInfo`.
     """
     _verbose(verbose)
+    _refuse_sycl(extra_sycl_cflags=extra_sycl_cflags, with_sycl=with_sycl)
+    cflags = plan.flag_list(extra_cflags, "extra_cflags")
+    cuflags = plan.flag_list(extra_cuda_cflags, "extra_cuda_cflags")
+    incs = plan.flag_list(extra_include_paths, "extra_include_paths")
+    ldflags = plan.flag_list(extra_ldflags, "extra_ldflags")
+    if sources is not None:
+        if is_python_module and is_standalone:
+            raise ValueError("is_python_module and is_standalone are mutually exclusive (pass "
+                             "is_python_module=False with is_standalone=True)")
+        target = plan.plan_extension(str(name), _source_paths(sources), arch=arch, extra_cflags=cflags,
+                                     extra_cuda_cflags=cuflags, extra_ldflags=ldflags, extra_include_paths=incs,
+                                     with_cuda=with_cuda, is_python_module=is_python_module,
+                                     is_standalone=is_standalone)
+        return _open_extension(target, is_python_module, build_directory, load)
+    torch_only = {"build_directory": build_directory, "with_cuda": with_cuda,
+                  "is_python_module": None if is_python_module else False,
+                  "is_standalone": is_standalone or None}
+    given = [k for k, v in torch_only.items() if v is not None]
+    if given:
+        raise ValueError(f"{given[0]}= applies to torch-style builds: pass sources=[...] too, or drop it to "
+                         f"load the card {name!r}")
     options = dict(kernels_dir=kernels_dir, arch=arch, extra_cflags=extra_cflags,
                    extra_cuda_cflags=extra_cuda_cflags, extra_ldflags=extra_ldflags,
                    extra_include_paths=extra_include_paths)
-    card = cards.find(name, kernels_dir)
-    target = _plan_card(card, arch, _flags(extra_cflags, "extra_cflags"),
-                        _flags(extra_cuda_cflags, "extra_cuda_cflags"), extra_ldflags,
-                        _flags(extra_include_paths, "extra_include_paths"))
+    card = find_card(name, kernels_dir)
+    target = plan.plan_card(card, arch, cflags, cuflags, ldflags, incs)
     return _open(target, card, {**options, "name": str(name)}, load)
 
 
-_USES_TORCH_NAMES = re.compile(r"\b(torch|at|c10)::")
-_INCLUDES_TORCH = re.compile(r'#\s*include\s*[<"](torch|ATen|c10)/')
+@_entry_point
+def load_inline(name: str, cpp_sources=None, cuda_sources=None, functions=None, extra_cflags=None,
+                extra_cuda_cflags=None, extra_ldflags=None, extra_include_paths=None, build_directory=None,
+                verbose: bool = False, with_cuda: Optional[bool] = None, is_python_module: bool = True,
+                with_pytorch_error_handling: bool = True, keep_intermediates: bool = True, use_pch: bool = False,
+                no_implicit_headers: bool = False, *, cuda: Optional[str] = None, cpp: Optional[str] = None,
+                arch=None, sycl_sources=None, extra_sycl_cflags=None, with_sycl: Optional[bool] = None):
+    """Build from source strings (a notebook cell). Two forms:
 
+    torch's: ``load_inline(name, cpp_sources, cuda_sources=None, functions=None, ...)`` with
+    ``torch.utils.cpp_extension.load_inline``'s arguments, order and result (the module, or the library's
+    path with ``is_python_module=False``). kernelkit writes the same ``main.cpp``/``cuda.cu`` torch would,
+    caches each by content (an edit of the CUDA part recompiles only it), and cites compiler errors at the
+    line of the string you passed. ``use_pch`` and ``keep_intermediates`` are accepted and have no effect:
+    the cached ``main.cpp`` object already spares its recompiles.
 
-@_short_traceback
-def load_inline(name: str, cuda: Optional[str] = None, cpp: Optional[str] = None,
-                functions: Union[None, str, Sequence[str], Mapping[str, str]] = None, *, arch=None,
-                extra_cflags=None, extra_cuda_cflags=None, extra_ldflags=None, extra_include_paths=None,
-                verbose: Optional[bool] = None) -> Library:
-    """Build from source strings (a notebook cell) and return a :class:`Library`.
-
-    ``cuda``: device code (compiled alone by nvcc; keep torch out of it for ~1 s rebuilds).
-    ``cpp``: the torch-facing side: declarations of what ``cuda`` defines, wrappers, and either a
-    ``KERNELKIT_LIBRARY(m) {...}`` block (torch ops) or ``functions`` to bind with pybind11 as in
-    ``torch.utils.cpp_extension.load_inline``. Compiler errors name ``<name>.cu``/``<name>.cpp`` and the
-    line within the string you passed.
+    kernelkit's: ``load_inline(name, cuda=..., cpp=..., functions=...)`` returns a :class:`Library`.
+    ``cuda`` is device code compiled alone (keep torch out of it for ~1 s rebuilds); ``cpp`` the
+    torch-facing side: declarations, wrappers, and a ``KERNELKIT_LIBRARY(m) {...}`` block (torch ops) or
+    ``functions`` bound with pybind11. Errors name ``<name>.cu``/``<name>.cpp`` and the line in your string.
     """
     _verbose(verbose)
+    _refuse_sycl(sycl_sources=sycl_sources, extra_sycl_cflags=extra_sycl_cflags, with_sycl=with_sycl)
+    cflags = plan.flag_list(extra_cflags, "extra_cflags")
+    cuflags = plan.flag_list(extra_cuda_cflags, "extra_cuda_cflags")
+    incs = plan.flag_list(extra_include_paths, "extra_include_paths")
+    ldflags = plan.flag_list(extra_ldflags, "extra_ldflags")
+    if cuda is None and cpp is None:
+        if cpp_sources is None:
+            raise TypeError("load_inline() needs source code: cpp_sources (torch's form: name, cpp_sources, "
+                            "cuda_sources, functions) or kernelkit's cuda=/cpp= keywords")
+        target = plan.plan_torch_inline(name, cpp_sources, cuda_sources, functions,
+                                        with_pytorch_error_handling=with_pytorch_error_handling,
+                                        no_implicit_headers=no_implicit_headers, arch=arch, extra_cflags=cflags,
+                                        extra_cuda_cflags=cuflags, extra_ldflags=ldflags,
+                                        extra_include_paths=incs, with_cuda=with_cuda,
+                                        is_python_module=is_python_module)
+        return _open_extension(target, is_python_module, build_directory, True)
+    if cpp_sources is not None or cuda_sources is not None:
+        raise TypeError("load_inline(): pass either torch's cpp_sources/cuda_sources or kernelkit's cpp=/cuda=, "
+                        "not both")
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"name: expected an identifier (it names the library), got {name!r}")
     for arg, val in (("cuda", cuda), ("cpp", cpp)):
@@ -215,58 +325,17 @@ def load_inline(name: str, cuda: Optional[str] = None, cpp: Optional[str] = None
             raise TypeError(f"{arg}: expected source code as a str, got {type(val).__name__}")
     if not cuda and not cpp:
         raise ValueError("load_inline needs source code: pass cuda=..., cpp=... or both")
-    if isinstance(functions, str):
-        functions = [functions]
-    funcs: Dict[str, str] = dict(functions) if isinstance(functions, Mapping) else {f: f for f in functions or []}
-    for f in funcs:
-        if not f.isidentifier():
-            raise ValueError(f"functions: {f!r} is not a C++ identifier")
-
-    cflags, cuflags = _flags(extra_cflags, "extra_cflags"), _flags(extra_cuda_cflags, "extra_cuda_cflags")
-    incs = [Path(p).resolve() for p in _flags(extra_include_paths, "extra_include_paths")]
-    include_dirs = [toolchain.CSRC] + incs
-    with_cuda = bool(cuda)
-    if with_cuda:
-        toolchain.check_cuda_match(name)
-    archs = toolchain.arch_list(arch) if with_cuda else []
-    units, texts = [], {}
-    if cuda:
-        text = cuda
-        if _USES_TORCH_NAMES.search(cuda) and not _INCLUDES_TORCH.search(cuda):
-            # torch-style cell (as torch's load_inline accepts): give it torch's types, keep line numbers
-            text = f'#include <torch/types.h>\n#line 1 "{name}.cu"\n' + cuda
-        path = _write_source(text, f"{name}.cu")
-        units.append(_build.plan_unit("cu", path, text, include_dirs, cuflags, archs, f"{name}.cu"))
-        texts[f"{name}.cu"] = cuda.splitlines()
-    pymodule = None
-    if cpp or funcs:
-        head = "#define KERNELKIT_BINDING 1\n" + ("#define KERNELKIT_WITH_CUDA 1\n" if with_cuda else "")
-        if funcs:
-            head += "#include <torch/extension.h>\n"
-        head += "#include <kernelkit/binding.h>\n"
-        body = f'#line 1 "{name}.cpp"\n' + (cpp or "") + "\n"
-        tail = ""
-        if funcs:
-            pymodule = "kk_py_" + sha256_bytes(head.encode(), body.encode(), repr(sorted(funcs.items())).encode())[:16]
-            defs = "".join(f'  m.def("{f}", &{f}, {_cpp_string(doc)});\n' for f, doc in funcs.items())
-            tail = f'#line 1 "{name}_bindings.cpp"\nPYBIND11_MODULE({pymodule}, m) {{\n{defs}}}\n'
-            texts[f"{name}_bindings.cpp"] = tail.splitlines()[1:]
-        text = head + body + tail
-        path = _write_source(text, f"{name}_binding.cpp")
-        units.append(_build.plan_unit("cpp", path, text, include_dirs, cflags, archs, f"{name}.cpp", optimize="-O2",
-                                      pch_defines=None if funcs else _pch_defines(with_cuda)))
-        texts[f"{name}.cpp"] = (cpp or "").splitlines()
-    target = _make_target(name, units, with_cuda, pymodule, _flags(extra_ldflags, "extra_ldflags"), texts)
+    if cpp:
+        plan.refuse_device_code(cpp, "cpp", instead="cuda=")
+    target = plan.plan_inline(name, cuda, cpp, plan.function_map(functions), arch, cflags, cuflags, ldflags, incs)
     return _open(target, None, {}, True)
 
 
-def _pch_defines(with_cuda: bool) -> List[str]:
-    """The macros the generated binding text defines before <kernelkit/binding.h> (a PCH must see the same)."""
-    return ["KERNELKIT_BINDING=1"] + (["KERNELKIT_WITH_CUDA=1"] if with_cuda else [])
-
-
-def _cpp_string(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+def _refuse_sycl(**given) -> None:
+    """torch's SYCL keywords are accepted by name (calls written for torch 2.8+ pass them) but not built."""
+    for k, v in given.items():
+        if v:
+            raise ValueError(f"{k}: kernelkit builds C++ and CUDA sources, not SYCL")
 
 
 def _verbose(verbose: Optional[bool]) -> None:

@@ -9,19 +9,22 @@ paths and nvcc flags still come from torch.utils.cpp_extension.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
-import json
 import logging
 import os
-import shlex
+import re
 import shutil
+import signal
 import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from . import cache, toolchain
-from .errors import BuildError, parse_diagnostics
+from .errors import BuildError, KernelkitError, SourcesChanged, parse_diagnostics
 from .progress import Status, say
 from .sources import digest_tree, scan_includes, sha256_bytes, sha256_file
 
@@ -43,6 +46,7 @@ class Unit:
     deps: List[Path]
     digest: str = ""  # the TU's text + local headers, by content (what an AOT source key is made of)
     pch_defines: Optional[List[str]] = None  # a binding TU that starts with <kernelkit/binding.h>
+    uses_torch: bool = False  # includes torch's headers: a .cu that does takes tens of seconds to compile
 
     def command(self, out: Path, extra: Sequence[str] = ()) -> List[str]:
         compiler = toolchain.nvcc() if self.kind == "cu" else toolchain.cxx()
@@ -61,31 +65,50 @@ class Target:
     pymodule: Optional[str]  # the pybind11 module name, when functions are bound for Python
     display: Dict[str, str]  # compiler path -> user-facing name
     texts: Dict[str, List[str]]  # user-facing name -> lines, to quote the offending line
+    standalone: bool = False  # an executable (torch's is_standalone), not a shared library
 
     @property
     def so_name(self) -> str:
-        return f"kk_{self.name}_{self.key[:16]}.so"
+        return self.name if self.standalone else f"kk_{self.name}_{self.key[:16]}.so"
+
+    @property
+    def import_name(self) -> Optional[str]:
+        """The name Python imports the module under: unique per build, because Python and pybind11 hand back
+        the module already imported under a name instead of running the new library's init."""
+        if self.pymodule is None:
+            return None
+        return f"{self.pymodule}_kk{self.key[:16]}" if self.pymodule == self.name else self.pymodule
+
+    def import_alias_flags(self) -> List[str]:
+        """A torch-style module's init function is named for TORCH_EXTENSION_NAME, which stays the same across
+        edits so that unchanged objects are reused: the link adds the per-build name as an alias."""
+        if self.import_name is None or self.import_name == self.pymodule:
+            return []
+        return [f"-Wl,--defsym=PyInit_{self.import_name}=PyInit_{self.pymodule}"]
 
 
 def plan_unit(kind: str, path: Path, text: str, include_dirs: Sequence[Path], extra: Sequence[str],
-              archs: Sequence[str], display: str, optimize: str = "-O3",
-              pch_defines: Optional[List[str]] = None) -> Unit:
+              archs: Sequence[str], display: str, optimize: Optional[str] = "-O3",
+              pch_defines: Optional[List[str]] = None, torch_style: bool = False) -> Unit:
+    """``torch_style``: ``extra`` already holds every flag torch's own JIT build would pass (the
+    torch.utils.cpp_extension drop-in); only the local include dirs are added."""
     deps, uses_torch = scan_includes(text, path.parent, include_dirs)
     incs = [f"-I{d}" for d in include_dirs]
-    if kind == "cu":
+    compiler_id = toolchain.nvcc_fingerprint() if kind == "cu" else ""
+    if torch_style:
+        flags = [*incs, *([optimize] if optimize else [])]
+    elif kind == "cu":
         flags = [toolchain.cxx_standard_flag(), optimize, "--expt-relaxed-constexpr", "-lineinfo",
                  "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
                  *toolchain.gencode_flags(archs), *incs]
         if uses_torch:  # only then pay for torch's include paths and its half-operator switches
             flags += [f"-I{p}" for p in toolchain.torch_include_paths(True)]
             flags += toolchain.torch_nvcc_flags() + [f"-D_GLIBCXX_USE_CXX11_ABI={toolchain.cxx11_abi()}"]
-        compiler_id = toolchain.nvcc_fingerprint()
     else:
         flags = [toolchain.cxx_standard_flag(), optimize, "-fPIC", "-fvisibility=hidden",
                  f"-D_GLIBCXX_USE_CXX11_ABI={toolchain.cxx11_abi()}", *incs,
                  *[f"-I{p}" for p in toolchain.torch_include_paths(toolchain.torch_has_cuda())],
                  f"-I{toolchain.python_include()}", *toolchain.pybind_abi_flags()]
-        compiler_id = ""
     flags += list(extra)
     # Local include dirs enter the key by what they provide (the headers in ``deps``, hashed by content),
     # not by where they are: the same card in another checkout reuses the same objects.
@@ -94,11 +117,12 @@ def plan_unit(kind: str, path: Path, text: str, include_dirs: Sequence[Path], ex
     digest = digest_tree(text.encode(), deps)
     key = sha256_bytes(b"unit", kind.encode(), toolchain.fingerprint().encode(), compiler_id.encode(),
                        "\0".join(key_flags).encode(), digest.encode())
-    return Unit(kind, path, display, flags, key, deps, digest, pch_defines)
+    return Unit(kind, path, display, flags, key, deps, digest, pch_defines, uses_torch)
 
 
-def link_flags(with_cuda: bool, pymodule: bool, extra: Sequence[str]) -> List[str]:
-    flags = ["-shared", "-Wl,-Bsymbolic"]  # bind our own symbols first: reloads never call old code
+def link_flags(with_cuda: bool, pymodule: bool, extra: Sequence[str], standalone: bool = False) -> List[str]:
+    # a library binds its own symbols first (-Bsymbolic): a reload never calls an older build's code
+    flags = [] if standalone else ["-shared", "-Wl,-Bsymbolic"]
     libstdcxx = toolchain.runtime_libstdcxx()
     if libstdcxx:  # the process's own libstdc++, never a second (static) copy
         flags.append(libstdcxx)
@@ -118,22 +142,157 @@ def target_key(name: str, units: Sequence[Unit], ldflags: Sequence[str]) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- running
+class _Children:
+    """The compiler process groups one build is running, so an interrupted build can end them at once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.procs: Set[subprocess.Popen] = set()
+        self.cancelled = False
+
+    def add(self, proc: subprocess.Popen) -> None:
+        with self.lock:
+            self.procs.add(proc)
+            cancelled = self.cancelled
+        if cancelled:  # started by a worker just as the build was interrupted
+            _kill_group(proc)
+
+    def discard(self, proc: subprocess.Popen) -> None:
+        with self.lock:
+            self.procs.discard(proc)
+
+    def kill_all(self) -> None:
+        with self.lock:
+            self.cancelled = True
+            procs = list(self.procs)
+        for proc in procs:
+            _kill_group(proc)
+
+
+@dataclasses.dataclass
+class _BuildState:
+    """What one build() keeps while it runs: its compilers, and a private dir where the objects to link
+    are pinned (hard-linked), so a gc or clear of obj/ in another process cannot pull one from under it."""
+
+    children: _Children
+    pins: Path
+
+
+_BUILDS: Dict[int, _BuildState] = {}  # id(target) -> its running build
+
+
+@contextlib.contextmanager
+def _build_state(target: Target) -> Iterator[_BuildState]:
+    state = _BUILDS[id(target)] = _BuildState(_Children(), cache.private_tmpdir(f"pins-{target.name}-"))
+    try:
+        yield state
+    finally:
+        del _BUILDS[id(target)]
+        shutil.rmtree(state.pins, ignore_errors=True)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """End a compiler and everything it started (cc1plus, cicc, ptxas live in its process group)."""
+    for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _spawn(cmd: List[str]) -> subprocess.Popen:
+    """Start ``cmd`` in its own process group (so that it and its children can be ended together)."""
+    try:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace", stdin=subprocess.DEVNULL, start_new_session=True)
+    except OSError as e:  # the program itself is missing or not executable
+        launcher = toolchain.launcher()
+        if launcher and cmd[:len(launcher)] == launcher:
+            raise KernelkitError(f"the compiler launcher {launcher[0]!r} (KERNELKIT_COMPILER_LAUNCHER) cannot be "
+                                 f"run: {e.strerror or e}. Install it, fix the path, or unset "
+                                 "KERNELKIT_COMPILER_LAUNCHER.") from None
+        raise KernelkitError(f"cannot run {cmd[0]!r}: {e.strerror or e}") from None
+
+
 def _run(cmd: List[str], what: str, target: Target, counter: str) -> str:
     STATS[counter] += 1
     log.debug("running: %s", " ".join(cmd))
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          errors="replace", stdin=subprocess.DEVNULL)
+    state = _BUILDS.get(id(target))
+    children = state.children if state else _Children()
+    proc = _spawn(cmd)
+    children.add(proc)
+    try:
+        output, _ = proc.communicate()
+    except BaseException:  # KeyboardInterrupt while waiting: the compiler must not outlive the build
+        _kill_group(proc)
+        raise
+    finally:
+        children.discard(proc)
     if proc.returncode != 0:
-        diags = parse_diagnostics(proc.stdout, target.display, target.texts)
-        raise BuildError(what, diags, proc.stdout, cmd)
-    if proc.stdout.strip():
-        log.debug("%s output:\n%s", what, proc.stdout)
-    return proc.stdout
+        diags = parse_diagnostics(output, target.display, target.texts)
+        raise BuildError(what, diags, output, cmd)
+    if output.strip():
+        log.debug("%s output:\n%s", what, output)
+    return output
+
+
+def _in_parallel(fn: Callable[[Unit], Path], units: Sequence[Unit], target: Target) -> List[Path]:
+    """``[fn(u) for u in units]`` on a thread per core. A compile error lets the others finish (their
+    objects are cached for the next try); an interruption cancels what has not started, ends the running
+    compilers and is re-raised at once."""
+    workers = max(1, min(len(units), os.cpu_count() or 1))
+    pool = concurrent.futures.ThreadPoolExecutor(workers)
+    try:
+        futures = [pool.submit(fn, u) for u in units]
+        concurrent.futures.wait(futures)
+        return [f.result() for f in futures]
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        _BUILDS[id(target)].children.kill_all()
+        raise
+    finally:
+        pool.shutdown(wait=False)
 
 
 # ------------------------------------------------------------------------------------ precompiled header
+_PCH_BUILDER = r"""
+import hashlib, json, os, subprocess, sys
+tmp, gch, meta, cmd = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+try:
+    if subprocess.run(cmd + ["-o", tmp], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                      stderr=subprocess.DEVNULL).returncode == 0:
+        h = hashlib.sha256()
+        with open(tmp, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        os.chmod(tmp, 0o600)
+        record = {"file": os.path.relpath(gch, os.path.dirname(meta)), "sha256": h.hexdigest(),
+                  "size": os.path.getsize(tmp)}
+        with open(meta + ".tmp", "w") as f:
+            json.dump(record, f)
+        os.chmod(meta + ".tmp", 0o600)
+        os.replace(meta + ".tmp", meta)
+        os.replace(tmp, gch)
+finally:
+    if os.path.exists(tmp):
+        os.unlink(tmp)
+"""  # run detached by `python -c`, holding the claim's flock (an inherited descriptor) until it exits
+_PCH_ANNOUNCED = False
+_PCH_FAILED = re.compile(r"reading precompiled header|PCH file")
+
+
 def pch_enabled() -> bool:
-    return os.environ.get("KERNELKIT_PCH", "1") != "0" and toolchain.is_gcc()
+    """KERNELKIT_PCH=0 turns the precompiled header off, =1 on; by default it is on with gcc on machines
+    with 4 cores or more (building it takes ~25 s of a core that a small machine's compiles need)."""
+    setting = os.environ.get("KERNELKIT_PCH", "")
+    if setting == "0" or (setting != "1" and (os.cpu_count() or 1) < 4):
+        return False
+    return toolchain.is_gcc()
 
 
 def _pch_plan(unit: Unit) -> Tuple[Path, List[str]]:
@@ -154,52 +313,233 @@ def _pch_plan(unit: Unit) -> Tuple[Path, List[str]]:
 
 
 def _pch_flags(unit: Unit) -> List[str]:
-    """Flags that use a ready PCH; if there is none yet, start building it in a detached process (it
-    outlives this one and is renamed into place when complete), so this build is not slowed down."""
+    """Flags that use a ready, verified PCH; if there is none yet, start building it in a detached
+    process (it outlives this one and is renamed into place when complete), so this build is not slowed."""
     if unit.pch_defines is None or not pch_enabled():
         return []
     root, cmd = _pch_plan(unit)
-    gch = root / "kernelkit" / "binding.h.gch"
-    if gch.is_file():
+    if cache.pch_ready(root):
         STATS["pch_used"] += 1
         return [f"-I{root}", "-Winvalid-pch"]  # gcc skips a PCH it cannot use and reads the header
-    (root / "kernelkit").mkdir(parents=True, exist_ok=True)
-    claim = root / "building"
-    try:  # one builder per PCH; a claim older than 15 minutes is a dead builder's
-        fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        os.close(fd)
-    except FileExistsError:
-        if time.time() - claim.stat().st_mtime < 900:
-            return []
-        claim.touch()
-    tmp = gch.with_name(f".binding.h.gch.{os.getpid()}")
-    q = shlex.quote
-    script = f"{shlex.join(cmd)} -o {q(str(tmp))} && mv -f {q(str(tmp))} {q(str(gch))}; rm -f {q(str(tmp))} {q(str(claim))}"
-    subprocess.Popen(["sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                     stderr=subprocess.DEVNULL, start_new_session=True)
-    STATS["pch_builds"] += 1
+    _start_pch_build(root, cmd)
     return []
 
 
+def _start_pch_build(root: Path, cmd: List[str]) -> None:
+    """Start the detached PCH builder unless one is at work (it holds the claim's flock until it exits,
+    so a killed builder never blocks the next); a dead builder's partial files are removed first."""
+    global _PCH_ANNOUNCED
+    with cache.writing(root):
+        (root / "kernelkit").mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = cache.try_flock(root / cache.PCH_CLAIM)
+    if fd is None:
+        return
+    try:
+        cache.drop_pch(root)
+        gch = root / "kernelkit" / "binding.h.gch"
+        tmp = gch.with_name(f".binding.h.gch.{os.getpid()}")
+        subprocess.Popen([sys.executable, "-c", _PCH_BUILDER, str(tmp), str(gch), str(root / cache.PCH_META), *cmd],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True, pass_fds=(fd,))
+    finally:
+        os.close(fd)  # the builder's inherited copy keeps the claim
+    STATS["pch_builds"] += 1
+    if not _PCH_ANNOUNCED:
+        _PCH_ANNOUNCED = True
+        say("building a precompiled <kernelkit/binding.h> in the background (~25 s of one core, once); "
+            "later binding compiles use it. KERNELKIT_PCH=0 turns this off.")
+
+
+def _drop_pch(unit: Unit) -> None:
+    root, _ = _pch_plan(unit)
+    fd = cache.try_flock(root / cache.PCH_CLAIM)
+    if fd is not None:
+        try:
+            cache.drop_pch(root)
+        finally:
+            os.close(fd)
+
+
+# ------------------------------------------------------------------------------ compiling, checked inputs
+def _snapshot(unit: Unit) -> Dict[Path, Optional[tuple]]:
+    """The TU and each local header it includes, as they are now: identity (inode, size, mtime, ctime:
+    an edit that is undone again still changes those) and sha256. None: missing. A generated source is
+    taken by content only: other processes may rewrite it, always with the same text."""
+    out: Dict[Path, Optional[tuple]] = {}
+    for p in [unit.path, *unit.deps]:
+        try:
+            st = os.stat(p)
+            identity = () if cache.is_generated_source(p) else (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            out[p] = (*identity, sha256_file(p))
+        except OSError:
+            out[p] = None
+    return out
+
+
+def _as_planned(unit: Unit) -> bool:
+    """Whether the TU and its local headers hash to the digest the unit's key was made from."""
+    try:
+        return any(digest_tree(t, unit.deps) == unit.digest for t in _planned_texts(unit.path.read_bytes()))
+    except OSError:
+        return False
+
+
+def _planned_texts(raw: bytes) -> Set[bytes]:
+    """The TU's bytes as plan_unit may have hashed them: as written (an inline source), or as read_text()
+    gives them (newlines normalised; undecodable bytes kept or replaced)."""
+    out = {raw}
+    for errors in ("surrogateescape", "replace"):
+        text = raw.decode("utf-8", errors).replace("\r\n", "\n").replace("\r", "\n")
+        out.add(text.encode("utf-8", "surrogateescape"))
+    return out
+
+
+def _changed(unit: Unit, target: Target, before: Dict[Path, Optional[tuple]], during: bool) -> SourcesChanged:
+    """The error for sources that no longer match the unit's key. A generated source in the cache that
+    was damaged is removed, so the next load writes it again."""
+    after = _snapshot(unit)
+    changed = [p for p in after if after[p] != before.get(p)] if during else []
+    names = ", ".join(target.display.get(str(p), str(p)) for p in changed or [unit.path, *unit.deps])
+    when = ("changed while it was being compiled" if changed else
+            "no longer match what the build was planned from (changed after planning)")
+    advice = "Load again to build what is on disk now."
+    if cache.is_generated_source(unit.path):
+        cache.discard_source(unit.path)
+        advice = f"The generated source {unit.path} in the cache was damaged and is removed; load again."
+    return SourcesChanged(f"{unit.display}: {names} {when}; nothing was cached (the object would carry the "
+                          f"key of the old content). {advice}")
+
+
+def _depfile_inputs(depfile: Path) -> Optional[List[Path]]:
+    """The files a compiler read, from the make rule it wrote with -MD -MF (None: it wrote none)."""
+    try:
+        text = depfile.read_text(errors="surrogateescape")
+    except OSError:
+        return None
+    rule = text.replace("\\\n", " ")
+    match = re.search(r":(?:\s|$)", rule)
+    if match is None:
+        return None
+    prereqs = rule[match.end():].split("\n", 1)[0]
+    tokens = re.findall(r"(?:\\.|[^\s\\])+", prereqs)
+    return [Path(re.sub(r"\\(.)", r"\1", t).replace("$$", "$")).resolve() for t in tokens]
+
+
+def _local_dirs(unit: Unit) -> List[Path]:
+    """Where the unit's own headers live: its directory and its -I dirs other than torch's and Python's."""
+    system = {*toolchain.torch_include_paths(True), *toolchain.torch_include_paths(False), toolchain.python_include()}
+    dirs = [f[2:] for f in unit.flags if f.startswith("-I") and f[2:] not in system]
+    return [Path(d).resolve() for d in [str(unit.path.parent), *dirs]]
+
+
+def _check_inputs(unit: Unit, target: Target, depfile: Path, before: Dict[Path, Optional[tuple]]) -> None:
+    """After a compile: every local file the compiler read is one the key covers, unchanged since planning
+    (by content) and untouched while compiling (by identity: an edit undone again is caught too)."""
+    if _snapshot(unit) != before or not _as_planned(unit):
+        raise _changed(unit, target, before, during=True)
+    read = _depfile_inputs(depfile)
+    if read is None:  # a launcher that drops -MD: the planned files were checked above
+        log.debug("no dependency file from compiling %s", unit.display)
+        return
+    covered = {unit.path.resolve(), *(d.resolve() for d in unit.deps)}
+    local = _local_dirs(unit)
+    unseen = [p for p in read if p not in covered and any(p.is_relative_to(d) for d in local)]
+    if unseen:
+        raise SourcesChanged(
+            f"{unit.display}: the compiler read {', '.join(map(str, unseen))}, which kernelkit's include scan "
+            "did not find (an #include through a macro?), so the cache key does not cover it; nothing was "
+            "cached. Include it by name (#include \"...\").")
+
+
+def _compile_to(unit: Unit, target: Target, out: Path, depfile: Path) -> None:
+    """Run the compiler; a PCH that gcc cannot read (a hard error, not a skip) is dropped and the TU
+    compiled again without it."""
+    what, deps = f"compiling {unit.display}", ["-MD", "-MF", str(depfile)]
+    pch = _pch_flags(unit)
+    try:
+        output = _run(unit.command(out, pch + deps), what, target, "compiles")
+    except BuildError as e:
+        if not pch or not _PCH_FAILED.search(e.log):
+            raise
+        STATS["pch_rejected"] += 1
+        log.warning("precompiled binding.h could not be read for %s; dropping it and compiling without", unit.display)
+        _drop_pch(unit)
+        pch, output = [], _run(unit.command(out, deps), what, target, "compiles")
+    if pch and "invalid-pch" in output:  # still correct (gcc read the header), just not faster
+        STATS["pch_rejected"] += 1
+        log.warning("precompiled binding.h was not usable for %s:\n%s", unit.display, output[-800:])
+
+
 def _compile(unit: Unit, target: Target) -> Path:
+    """The unit's object, compiled unless cached; pinned for the link when a build() is running."""
+    for _ in range(3):
+        pinned = _pin(_compile_once(unit, target), target)
+        if pinned is not None:
+            return pinned
+    raise KernelkitError(f"the object of {unit.display} kept being removed from the cache while this build "
+                         "needed it (a `kernelkit cache clear` or gc in a loop?)")
+
+
+def _pin(obj: Path, target: Target) -> Optional[Path]:
+    """A hard link to ``obj`` in the build's private dir (None: gc or clear removed it just now)."""
+    state = _BUILDS.get(id(target))
+    if state is None:
+        return obj
+    pin = state.pins / obj.name
+    try:
+        os.link(obj, pin)
+    except FileExistsError:  # the same TU twice in one target
+        pass
+    except FileNotFoundError:
+        return None
+    except OSError:  # a filesystem without hard links: a copy pins it as well
+        try:
+            shutil.copyfile(obj, pin)
+        except FileNotFoundError:
+            return None
+    return pin
+
+
+def _compile_once(unit: Unit, target: Target) -> Path:
     hit = cache.cached_object(unit.key)
     if hit:
         return hit
     with cache.locked(unit.key, unit.display):
-        hit = cache.cached_object(unit.key)  # another process may have built it while we waited
+        hit = cache.cached_object(unit.key, held=True)  # another process may have built it while we waited
         if hit:
             return hit
+        cache.touch_source(unit.path)
+        before = _snapshot(unit)
+        if unit.digest and not _as_planned(unit):  # nothing to compile: it could not be cached
+            raise _changed(unit, target, before, during=False)
         tmp = cache.private_tmpdir("obj-")
         try:
-            out = tmp / f"{unit.key}.o"
-            pch = _pch_flags(unit)
-            output = _run(unit.command(out, pch), f"compiling {unit.display}", target, "compiles")
-            if pch and "invalid-pch" in output:  # still correct (gcc read the header), just not faster
-                STATS["pch_rejected"] += 1
-                log.warning("precompiled binding.h was not usable for %s:\n%s", unit.display, output[-800:])
+            out, depfile = tmp / f"{unit.key}.o", tmp / f"{unit.key}.d"
+            _compile_to(unit, target, out, depfile)
+            if unit.digest:
+                _check_inputs(unit, target, depfile, before)
             return cache.store_object(unit.key, out, {"display": unit.display, "kind": unit.kind})
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+SLOW_TORCH_UNIT_SECONDS = 8.0
+_HINTED: set = set()
+
+
+def _compile_noting_torch_cost(unit: Unit, target: Target, fresh: bool) -> Path:
+    """Compile; when a .cu that includes torch was slow to compile, say once what it cost and how to avoid it."""
+    t0 = time.perf_counter()
+    obj = _compile(unit, target)
+    seconds = time.perf_counter() - t0
+    if fresh and unit.kind == "cu" and unit.uses_torch and seconds >= SLOW_TORCH_UNIT_SECONDS \
+            and unit.display not in _HINTED:
+        _HINTED.add(unit.display)
+        say(f"{unit.display} includes torch's headers, so every edit of it recompiles them: this took "
+            f"{seconds:.0f} s. Kernels in a .cu without torch headers (launchers taking pointers and a "
+            "cudaStream_t, called from your .cpp) recompile in about a second: see the README, "
+            "'Porting from torch.utils.cpp_extension'.")
+    return obj
 
 
 def build(target: Target) -> Tuple[Path, bool, float]:
@@ -211,8 +551,8 @@ def build(target: Target) -> Tuple[Path, bool, float]:
     def waiting() -> None:
         say(f"waiting for another process that is building {target.name} ...")
 
-    with cache.locked(target.key, target.name, on_wait=waiting):
-        so = cache.verified_library(target.name, target.key)
+    with cache.locked(cache.library_lock(target.name, target.key), target.name, on_wait=waiting):
+        so = cache.verified_library(target.name, target.key, held=True)
         if so is not None:
             return so, True, 0.0
         todo = [u for u in target.units if cache.cached_object(u.key) is None]
@@ -220,14 +560,13 @@ def build(target: Target) -> Tuple[Path, bool, float]:
         reused = len(target.units) - len(todo)
         desc = f"building {target.name} [{names}]" + (f", {reused} cached object(s) reused" if reused else "")
         t0 = time.perf_counter()
-        with Status(desc):
-            workers = max(1, min(len(target.units), os.cpu_count() or 1))
-            with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-                objects = list(pool.map(lambda u: _compile(u, target), target.units))
+        with Status(desc), _build_state(target):
+            objects = _in_parallel(lambda u: _compile_noting_torch_cost(u, target, u in todo), target.units, target)
             tmp = cache.private_tmpdir(f"lib-{target.name}-")
             try:
                 out = tmp / target.so_name
-                cmd = [toolchain.cxx(), *[str(o) for o in objects], "-o", str(out), *target.ldflags]
+                cmd = [toolchain.cxx(), *[str(o) for o in objects], "-o", str(out), *target.ldflags,
+                       *target.import_alias_flags()]
                 _run(cmd, f"linking {target.name}", target, "links")
                 seconds = time.perf_counter() - t0
                 manifest = {
@@ -236,7 +575,7 @@ def build(target: Target) -> Tuple[Path, bool, float]:
                     "units": [{"file": u.display, "key": u.key} for u in target.units],
                     "fingerprint": toolchain.fingerprint(),
                 }
-                (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+                cache.write_manifest(tmp, manifest)
                 os.chmod(out, 0o700)
                 os.chmod(tmp, 0o700)
                 entry = cache.publish_library(tmp, target.name, target.key)

@@ -103,9 +103,3 @@ class Library:
     def __repr__(self) -> str:
         how = "cached" if self.cached else f"built in {self.build_seconds:.1f} s"
         return f"<kernelkit.Library {self.name} key={self.key[:12]} ns={self.ns} ({how}): {', '.join(self.functions())}>"
-
-    def reload(self) -> "Library":
-        """Load this card again if its sources changed (the same object if they did not)."""
-        from . import api
-
-        return api.reload(self)

@@ -41,9 +41,9 @@ def copy_cards(dst: Path) -> Path:
 
 
 def plan(name, cards_dir, arch=ARCH, **kw):
-    from kernelkit.api import _plan_card
+    from kernelkit.plan import plan_card
 
-    return _plan_card(find(name, cards_dir), arch, kw.get("cflags", []), [], [], [])
+    return plan_card(find(name, cards_dir), arch, kw.get("cflags", []), [], [], [])
 
 
 def env(**extra):

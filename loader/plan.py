@@ -1,0 +1,296 @@
+"""Planning: what to compile and how, for a card, a kernelkit inline cell, or torch-style extension sources.
+
+A plan is a :class:`build.Target` (translation units with their content keys, link flags, and the names
+the user knows the files by). Planning runs no compiler, so a warm load costs hashing only; the one thing
+it writes is generated source text, into the content-addressed ``src/`` cache (written once per content).
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence, Union
+
+from . import build as _build
+from . import cache, toolchain
+from .cards import Card
+from .errors import KernelkitError
+from .sources import sha256_bytes
+
+Functions = Union[None, str, Sequence[str], Mapping[str, str]]
+
+
+def display(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def write_source(text: str, filename: str) -> Path:
+    """Generated or inline sources live in the cache under their content hash (written once)."""
+    d = cache.subdir("src") / sha256_bytes(text.encode(), filename.encode())[:24]
+    path = d / filename
+    if not path.is_file():
+        with cache.writing(d):
+            d.mkdir(exist_ok=True, mode=0o700)
+            tmp = d / f".{filename}.{os.getpid()}.tmp"
+            tmp.write_text(text)
+            os.replace(tmp, path)
+    return path
+
+
+def flag_list(value, what: str) -> List[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        raise TypeError(f"{what}: expected a list of strings, got the string {value!r} (wrap it in a list)")
+    out = list(value)
+    if not all(isinstance(v, str) for v in out):
+        raise TypeError(f"{what}: expected a list of strings, got {value!r}")
+    return out
+
+
+def function_map(functions: Functions) -> Dict[str, str]:
+    """torch's ``functions=``: a name, a list of names, or a dict name -> docstring."""
+    if functions is None:
+        return {}
+    if isinstance(functions, str):
+        functions = [functions]
+    if isinstance(functions, Mapping):
+        funcs = dict(functions)
+    elif isinstance(functions, (list, tuple)):
+        funcs = {f: f for f in functions}
+    else:
+        raise ValueError(f"functions: expected a str, a list of names or a dict name -> docstring, got "
+                         f"{type(functions).__name__}")
+    for f, doc in funcs.items():
+        if not isinstance(f, str) or not f.isidentifier():
+            raise ValueError(f"functions: {f!r} is not a C++ identifier")
+        if not isinstance(doc, str):
+            raise ValueError(f"functions: the docstring of {f!r} must be a str, got {type(doc).__name__}")
+    return funcs
+
+
+def make_target(name: str, units: List[_build.Unit], with_cuda: bool, pymodule: Optional[str],
+                extra_ldflags: Sequence[str], texts: Dict[str, List[str]], *, torch_python: bool = False,
+                standalone: bool = False) -> _build.Target:
+    ldflags = _build.link_flags(with_cuda, bool(pymodule) or torch_python, extra_ldflags, standalone=standalone)
+    shown = {str(u.path): u.display for u in units}
+    for u in units:
+        shown.update({str(d): display(d) for d in u.deps})
+    return _build.Target(name, units, ldflags, _build.target_key(name, units, ldflags), with_cuda, pymodule,
+                         shown, texts, standalone=standalone)
+
+
+def pch_defines(with_cuda: bool) -> List[str]:
+    """The macros the generated binding text defines before <kernelkit/binding.h> (a PCH must see the same)."""
+    return ["KERNELKIT_BINDING=1"] + (["KERNELKIT_WITH_CUDA=1"] if with_cuda else [])
+
+
+def cpp_string(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+# ------------------------------------------------------------------------------------------------ cards
+def plan_card(card: Card, arch, extra_cflags, extra_cuda_cflags, extra_ldflags,
+              extra_include_paths) -> _build.Target:
+    spec = card.spec
+    cflags = list(getattr(spec, "extra_cflags", ()) or ()) + extra_cflags
+    cuflags = list(getattr(spec, "extra_cuda_cflags", ()) or ()) + extra_cuda_cflags
+    sources = card.sources()
+    with_cuda = any(s.suffix == ".cu" for s in sources)
+    if with_cuda:
+        toolchain.check_cuda_match(f"card {card.name}")
+    archs = toolchain.arch_list(arch) if with_cuda else []
+    include_dirs = [card.dir, toolchain.CSRC] + [Path(p).resolve() for p in extra_include_paths]
+    units, texts = [], {}
+    for src in sources:
+        if not src.is_file():
+            raise KernelkitError(f"card {card.name}: source {src} does not exist")
+        text = src.read_text()
+        kind = "cu" if src.suffix == ".cu" else "cpp"
+        units.append(_build.plan_unit(kind, src, text, include_dirs, cuflags if kind == "cu" else cflags,
+                                      archs, display(src)))
+        texts[display(src)] = text.splitlines()
+    header = card.header()
+    if header is not None:
+        text = "".join([
+            "#define KERNELKIT_BINDING 1\n",
+            "#define KERNELKIT_WITH_CUDA 1\n" if with_cuda else "",
+            "#include <kernelkit/binding.h>\n",
+            f'#include "{header.name}"\n',
+        ])
+        path = write_source(text, f"{card.name}_binding.cpp")
+        units.append(_build.plan_unit("cpp", path, text, include_dirs, cflags, archs,
+                                      f"{display(header)} (binding)", optimize="-O2",
+                                      pch_defines=pch_defines(with_cuda)))
+    return make_target(card.name, units, with_cuda, None, flag_list(extra_ldflags, "extra_ldflags"), texts)
+
+
+# ------------------------------------------------------------------------------- kernelkit inline cells
+_USES_TORCH_NAMES = re.compile(r"\b(torch|at|c10)::")
+_INCLUDES_TORCH = re.compile(r'#\s*include\s*[<"](torch|ATen|c10)/')
+
+
+def plan_inline(name: str, cuda: Optional[str], cpp: Optional[str], funcs: Dict[str, str], arch, cflags,
+                cuflags, ldflags, include_paths) -> _build.Target:
+    """kernelkit's own inline form: ``cuda`` is device code compiled alone (fast to rebuild when it keeps
+    torch out), ``cpp`` the binding with ``KERNELKIT_LIBRARY`` or ``functions`` bound by pybind11."""
+    include_dirs = [toolchain.CSRC] + [Path(p).resolve() for p in include_paths]
+    with_cuda = bool(cuda)
+    if with_cuda:
+        toolchain.check_cuda_match(name)
+    archs = toolchain.arch_list(arch) if with_cuda else []
+    units, texts = [], {}
+    if cuda:
+        text = cuda
+        if _USES_TORCH_NAMES.search(cuda) and not _INCLUDES_TORCH.search(cuda):
+            # torch-style cell (as torch's load_inline accepts): give it torch's types, keep line numbers
+            text = f'#include <torch/types.h>\n#line 1 "{name}.cu"\n' + cuda
+        path = write_source(text, f"{name}.cu")
+        units.append(_build.plan_unit("cu", path, text, include_dirs, cuflags, archs, f"{name}.cu"))
+        texts[f"{name}.cu"] = cuda.splitlines()
+    pymodule = None
+    if cpp or funcs:
+        head = "#define KERNELKIT_BINDING 1\n" + ("#define KERNELKIT_WITH_CUDA 1\n" if with_cuda else "")
+        if funcs:
+            head += "#include <torch/extension.h>\n"
+        head += "#include <kernelkit/binding.h>\n"
+        body = f'#line 1 "{name}.cpp"\n' + (cpp or "") + "\n"
+        tail = ""
+        if funcs:
+            pymodule = "kk_py_" + sha256_bytes(head.encode(), body.encode(), repr(sorted(funcs.items())).encode())[:16]
+            defs = "".join(f'  m.def("{f}", &{f}, {cpp_string(doc)});\n' for f, doc in funcs.items())
+            tail = f'#line 1 "{name}_bindings.cpp"\nPYBIND11_MODULE({pymodule}, m) {{\n{defs}}}\n'
+            texts[f"{name}_bindings.cpp"] = tail.splitlines()[1:]
+        text = head + body + tail
+        path = write_source(text, f"{name}_binding.cpp")
+        units.append(_build.plan_unit("cpp", path, text, include_dirs, cflags, archs, f"{name}.cpp", optimize="-O2",
+                                      pch_defines=None if funcs else pch_defines(with_cuda)))
+        texts[f"{name}.cpp"] = (cpp or "").splitlines()
+    return make_target(name, units, with_cuda, pymodule, ldflags, texts)
+
+
+# ---------------------------------------------------------------------- torch.utils.cpp_extension style
+CUDA_SUFFIXES = (".cu", ".cuh")
+_ARCH_FLAGS = ("-gencode", "--generate-code", "-arch", "--gpu-architecture", "-code", "--gpu-code")
+
+
+def _torch_style_flags(name: str, kind: str, with_cuda: bool, user: Sequence[str], archs: Sequence[str],
+                       standalone: bool) -> List[str]:
+    """What torch's JIT build passes (cpp_extension._write_ninja_file_to_build_library), less the include
+    dirs plan_unit adds: the extension's name and API defines, torch's and Python's headers as system
+    headers, torch's nvcc defines, the arch list; no -O unless the user asks, as in torch."""
+    defines = [] if standalone else [f"-DTORCH_EXTENSION_NAME={name}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
+    system = toolchain.torch_include_paths(with_cuda) + [toolchain.python_include()]
+    isystem = [f for p in system for f in ("-isystem", p)]
+    abi = [f"-D_GLIBCXX_USE_CXX11_ABI={toolchain.cxx11_abi()}", *toolchain.pybind_abi_flags()]
+    std = [] if any(f.startswith("-std") for f in user) else [toolchain.cxx_standard_flag()]
+    if kind == "cpp":
+        return [*defines, *isystem, *abi, "-fPIC", *std, *user]
+    arch = [] if any(f.split("=")[0] in _ARCH_FLAGS for f in user) else toolchain.gencode_flags(archs)
+    return [*defines, *isystem, abi[0], *toolchain.torch_nvcc_flags(), *arch, "-Xcompiler", "-fPIC", *std, *user]
+
+
+def plan_extension(name: str, sources: Sequence[Path], *, arch=None, extra_cflags=(), extra_cuda_cflags=(),
+                   extra_ldflags=(), extra_include_paths=(), with_cuda: Optional[bool] = None,
+                   is_python_module: bool = True, is_standalone: bool = False,
+                   displays: Optional[Dict[Path, str]] = None,
+                   texts: Optional[Dict[str, List[str]]] = None) -> _build.Target:
+    """torch.utils.cpp_extension.load's build: each source its own cached unit, compiled with the flags
+    torch would use, linked the way torch links (torch_python too, unless standalone)."""
+    if not name.isidentifier():
+        raise ValueError(f"name: expected a Python identifier (it names the extension module), got {name!r}")
+    has_cuda_files = any(s.suffix in CUDA_SUFFIXES for s in sources)
+    if with_cuda is None:
+        with_cuda = has_cuda_files
+    elif not with_cuda and has_cuda_files:
+        cu = next(s for s in sources if s.suffix in CUDA_SUFFIXES)
+        raise ValueError(f"with_cuda=False, but sources include the CUDA file {cu.name}: drop with_cuda or the file")
+    if with_cuda:
+        toolchain.check_cuda_match(name)
+    archs = toolchain.arch_list(arch) if has_cuda_files else []
+    include_dirs = [Path(p).resolve() for p in extra_include_paths]
+    units, shown_texts = [], dict(texts or {})
+    for src in sources:
+        kind = "cu" if src.suffix in CUDA_SUFFIXES else "cpp"
+        user = list(extra_cuda_cflags if kind == "cu" else extra_cflags)
+        flags = _torch_style_flags(name, kind, with_cuda, user, archs, is_standalone)
+        shown = (displays or {}).get(src) or display(src)
+        text = src.read_text(errors="replace")
+        units.append(_build.plan_unit(kind, src, text, include_dirs, flags, archs, shown, optimize=None,
+                                      torch_style=True))
+        shown_texts.setdefault(shown, text.splitlines())
+    if is_python_module and not is_standalone:
+        _require_module_init(name, units)
+    return make_target(name, units, with_cuda, name if is_python_module else None, list(extra_ldflags),
+                       shown_texts, torch_python=not is_standalone, standalone=is_standalone)
+
+
+def _require_module_init(name: str, units: Sequence[_build.Unit]) -> None:
+    """A Python module needs an init function: say so now rather than after minutes of compiling."""
+    files = [u.path for u in units] + [d for u in units for d in u.deps]
+    if not any(b"PYBIND11_MODULE" in f.read_bytes() or b"PyInit_" in f.read_bytes() for f in files):
+        raise KernelkitError(
+            f"{name}: the sources define no PYBIND11_MODULE(TORCH_EXTENSION_NAME, m), so there would be no Python "
+            "module to import. Bind functions with functions=[...] (load_inline) or a PYBIND11_MODULE block, or "
+            "pass is_python_module=False for code that registers ops with TORCH_LIBRARY.")
+
+
+_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+_DEVICE_CODE = re.compile(r"\b__global__\b|<<<")
+
+
+def refuse_device_code(text: str, what: str, instead: str = "cuda_sources= (positional order: name, "
+                       "cpp_sources, cuda_sources, functions)") -> None:
+    """A .cpp goes to the C++ compiler, which cannot compile kernels: say so before a minute of compiling."""
+    m = _DEVICE_CODE.search(_COMMENTS.sub("", text))
+    if m:
+        raise ValueError(f"{what} holds device code ({m.group(0).strip()!r}); C++ sources go to the C++ compiler, "
+                         f"which cannot compile CUDA: pass this code as {instead}")
+
+
+def _joined(sources: Union[None, str, Sequence[str]], what: str) -> List[str]:
+    if sources is None:
+        return []
+    if isinstance(sources, str):
+        return [sources]
+    out = list(sources)
+    if not all(isinstance(s, str) for s in out):
+        raise TypeError(f"{what}: expected source code as a str or a list of str, got {sources!r:.80}")
+    return out
+
+
+def plan_torch_inline(name: str, cpp_sources, cuda_sources, functions: Functions, *,
+                      with_pytorch_error_handling: bool = True, no_implicit_headers: bool = False,
+                      **ext) -> _build.Target:
+    """torch.utils.cpp_extension.load_inline's sources, written as torch writes them (``main.cpp`` with
+    ``<torch/extension.h>`` and the generated PYBIND11_MODULE, ``cuda.cu`` with torch's three includes),
+    with ``#line`` marks so the compiler cites the line in the string the user passed."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"name: expected a Python identifier (it names the extension module), got {name!r}")
+    cpp = _joined(cpp_sources, "cpp_sources")
+    cuda = _joined(cuda_sources, "cuda_sources")
+    funcs = function_map(functions)
+    for i, text in enumerate(cpp):
+        refuse_device_code(text, "cpp_sources" + (f"[{i}]" if len(cpp) > 1 else ""))
+    user_cpp, user_cu = "\n".join(cpp), "\n".join(cuda)
+    cpp_name, cu_name = f"{name}/main.cpp", f"{name}/cuda.cu"
+    head = "" if no_implicit_headers else "#include <torch/extension.h>\n"
+    main = f'{head}#line 1 "{cpp_name}"\n{user_cpp}\n'
+    if funcs:
+        wrap = "torch::wrap_pybind_function({})" if with_pytorch_error_handling else "{}"
+        defs = "".join(f'm.def("{f}", {wrap.format(f)}, {cpp_string(doc)});\n' for f, doc in funcs.items())
+        main += f'#line 1 "{name}/<functions>"\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{\n{defs}}}\n'
+    texts = {cpp_name: user_cpp.splitlines(), f"{name}/<functions>": ["PYBIND11_MODULE(...) {"]
+             + [f"m.def(\"{f}\", ...)" for f in funcs]}
+    paths = [write_source(main, "main.cpp")]
+    displays = {paths[0]: cpp_name}
+    if cuda:
+        head = "" if no_implicit_headers else "#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"
+        path = write_source(f'{head}#line 1 "{cu_name}"\n{user_cu}\n', "cuda.cu")
+        paths.append(path)
+        displays[path] = cu_name
+        texts[cu_name] = user_cu.splitlines()
+    return plan_extension(name, paths, displays=displays, texts=texts, **ext)

@@ -1,0 +1,312 @@
+"""The torch.utils.cpp_extension drop-in: torch-style sources and calls go through kernelkit unchanged.
+
+Builds are shared per module (a torch/extension.h unit costs ~30 s on a 2-core machine): the extension
+fixtures are built once, and the differential twins once through torch's own loader.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils import cpp_extension as torch_ext
+
+import kernelkit
+from kernelkit import BuildError, KernelkitError, plan
+
+FIXTURES = Path(__file__).parent / "fixtures" / "torch_ext"
+
+
+def _public(module):
+    return sorted(n for n in dir(module) if not n.startswith("_"))
+
+
+@pytest.fixture(scope="module")
+def ext_dir(tmp_path_factory):
+    """A private copy of the two-file extension (tests edit it)."""
+    d = tmp_path_factory.mktemp("torch_ext")
+    for f in ("bind.cpp", "scale.cpp", "scale.h"):
+        shutil.copy(FIXTURES / f, d / f)
+    return d
+
+
+@pytest.fixture(scope="module")
+def ext(ext_dir):
+    # torch's positional order: name, sources, extra_cflags
+    return kernelkit.load("kk_ext", [str(ext_dir / "bind.cpp"), str(ext_dir / "scale.cpp")], ["-DKK_UNUSED=1"])
+
+
+@pytest.fixture(scope="module")
+def torch_twin(ext_dir, tmp_path_factory):
+    """The same sources through torch's own loader (its build dir private to this run)."""
+    build = tmp_path_factory.mktemp("torch_build")
+    return torch_ext.load("kk_ext", [str(ext_dir / "bind.cpp"), str(ext_dir / "scale.cpp")], ["-DKK_UNUSED=1"],
+                          build_directory=str(build))
+
+
+def test_two_file_extension_loads_like_torch(ext, ext_dir):
+    assert ext.__name__ == "kk_ext" and ext.extension_name() == "kk_ext"  # TORCH_EXTENSION_NAME per build
+    assert Path(ext.__file__).is_file()
+    assert ext.__doc__ == "kernelkit drop-in test extension"
+    assert "x times the factor" in ext.scaled.__doc__
+    x = torch.randn(5, 3, dtype=torch.float64)
+    torch.testing.assert_close(ext.scaled(x), 2.0 * x, rtol=0, atol=0)
+    assert ext.add_ints(40, 2) == 42
+
+
+def test_same_names_results_and_refusals_as_torch(ext, torch_twin):
+    assert _public(ext) == _public(torch_twin)
+    x = torch.randn(17)
+    torch.testing.assert_close(ext.scaled(x), torch_twin.scaled(x), rtol=0, atol=0)
+    for module in (ext, torch_twin):
+        with pytest.raises(TypeError, match="incompatible function arguments"):
+            module.scaled("not a tensor")
+        with pytest.raises(RuntimeError, match="must be a floating-point tensor"):
+            module.scaled(torch.ones(3, dtype=torch.int64))
+
+
+def test_edit_recompiles_the_edited_unit_only_and_reloads_in_process(ext, ext_dir):
+    header = ext_dir / "scale.h"
+    original = header.read_text()
+    sources = [str(ext_dir / "bind.cpp"), str(ext_dir / "scale.cpp")]
+    before = dict(kernelkit.STATS)
+    try:
+        header.write_text(original.replace("2.0", "3.0"))  # a header edit: torch's loader misses these
+        edited = kernelkit.load("kk_ext", sources, ["-DKK_UNUSED=1"])
+        assert kernelkit.STATS["compiles"] - before["compiles"] == 1  # scale.cpp; bind.cpp's object reused
+        assert edited is not ext and edited.__name__ == "kk_ext"  # no kk_ext_v1
+        x = torch.randn(4)
+        torch.testing.assert_close(edited.scaled(x), 3.0 * x)
+        torch.testing.assert_close(ext.scaled(x), 2.0 * x)  # the old module keeps its own code
+    finally:
+        header.write_text(original)
+    again = kernelkit.load("kk_ext", sources, ["-DKK_UNUSED=1"])
+    assert again is ext and kernelkit.STATS["compiles"] - before["compiles"] == 1  # undone edit: no compile
+
+
+def test_warm_new_process_runs_no_compiler(ext, ext_dir):
+    code = textwrap.dedent(f"""
+        import os, subprocess, torch
+        def refuse(*a, **k):
+            raise AssertionError("a process was spawned: " + repr(a[:1]))
+        subprocess.Popen = refuse
+        os.posix_spawn = os.posix_spawnp = refuse
+        import kernelkit
+        m = kernelkit.load("kk_ext", [{str(ext_dir / "bind.cpp")!r}, {str(ext_dir / "scale.cpp")!r}], ["-DKK_UNUSED=1"])
+        assert m.add_ints(1, 2) == 3 and kernelkit.STATS["compiles"] == 0 and kernelkit.STATS["links"] == 0
+        print("warm ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ.copy())
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "warm ok" in out.stdout
+
+
+def test_build_directory_receives_the_library(ext, ext_dir, tmp_path):
+    sources = [str(ext_dir / "bind.cpp"), str(ext_dir / "scale.cpp")]
+    again = kernelkit.load("kk_ext", sources, ["-DKK_UNUSED=1"], build_directory=str(tmp_path / "bd"))
+    assert again is ext
+    assert (tmp_path / "bd" / "kk_ext.so").read_bytes() == Path(ext.__file__).read_bytes()
+
+
+INLINE_CPP_A = "torch::Tensor twice(torch::Tensor x) { TORCH_CHECK(x.dim() > 0, \"twice: x must not be 0-d\"); return 2 * x; }"
+INLINE_CPP_B = "int64_t count(torch::Tensor x) { return x.numel(); }"
+INLINE_FUNCS = {"twice": "2 * x", "count": "number of elements"}
+
+
+@pytest.fixture(scope="module")
+def inline_pair(tmp_path_factory):
+    # torch's classic positional order: name, cpp_sources (a list), cuda_sources, functions (a dict); torch
+    # 2.8+ put sycl_sources before functions, so torch's own call names it
+    ours = kernelkit.load_inline("kk_inline", [INLINE_CPP_A, INLINE_CPP_B], None, INLINE_FUNCS)
+    theirs = torch_ext.load_inline("kk_inline", [INLINE_CPP_A, INLINE_CPP_B], None, functions=INLINE_FUNCS,
+                                   build_directory=str(tmp_path_factory.mktemp("torch_inline")))
+    return ours, theirs
+
+
+def test_load_inline_torch_order_matches_torch(inline_pair):
+    ours, theirs = inline_pair
+    assert _public(ours) == _public(theirs)
+    assert ours.twice.__doc__ == theirs.twice.__doc__ and "2 * x" in ours.twice.__doc__
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(ours.twice(x), theirs.twice(x), rtol=0, atol=0)
+    assert ours.count(x) == theirs.count(x) == 12
+    for module in (ours, theirs):  # with_pytorch_error_handling: a c10::Error arrives as RuntimeError
+        with pytest.raises(RuntimeError, match="must not be 0-d"):
+            module.twice(torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("functions, expected", [
+    ("twice", {"twice": "twice"}),
+    (["twice", "count"], {"twice": "twice", "count": "count"}),
+    ({"twice": "doubles"}, {"twice": "doubles"}),
+])
+def test_functions_forms_generate_torchs_bindings(functions, expected):
+    target = plan.plan_torch_inline("kk_forms", [INLINE_CPP_A, INLINE_CPP_B], None, functions)
+    main = target.units[0].path.read_text()
+    assert main.startswith("#include <torch/extension.h>\n")
+    assert "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)" in main
+    for name, doc in expected.items():
+        assert f'm.def("{name}", torch::wrap_pybind_function({name}), "{doc}");' in main
+    plain = plan.plan_torch_inline("kk_forms", INLINE_CPP_A, None, functions, with_pytorch_error_handling=False,
+                                   no_implicit_headers=True).units[0].path.read_text()
+    assert "#include <torch/extension.h>" not in plain and f'm.def("twice", twice, ' in plain
+    assert "-DTORCH_EXTENSION_NAME=kk_forms" in target.units[0].flags
+
+
+def test_torch_inline_cuda_sources_get_torchs_headers():
+    target = plan.plan_torch_inline("kk_cu_plan", "torch::Tensor f(torch::Tensor x);", "__global__ void k() {}",
+                                    "f", arch="9.0")
+    cu = next(u for u in target.units if u.kind == "cu")
+    head = cu.path.read_text().splitlines()[:3]
+    assert head == ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"]
+    assert "arch=compute_90,code=sm_90" in cu.flags and "-DTORCH_API_INCLUDE_EXTENSION_H" in cu.flags
+    assert target.with_cuda and "-lcudart" in target.ldflags and "-ltorch_python" in target.ldflags
+
+
+def test_device_code_passed_as_cpp_is_refused_at_once():
+    before = kernelkit.STATS["compiles"]
+    with pytest.raises(ValueError, match="cuda_sources"):
+        kernelkit.load_inline("kk_swapped", "__global__ void k(float* x) { x[0] = 1; }", "int f();")
+    with pytest.raises(ValueError, match="cuda="):
+        kernelkit.load_inline("kk_swapped", cpp="void f() { k<<<1, 1>>>(); }")
+    # in a comment, __global__ is no reason to refuse
+    plan.refuse_device_code("// a __global__ kernel lives in the .cu\nint f();", "cpp_sources")
+    assert kernelkit.STATS["compiles"] == before
+
+
+@pytest.mark.parametrize("call, wrong, right", [
+    (lambda: kernelkit.load_inline("x", "int f();", cuda_source="x"), "cuda_source", "cuda_sources"),
+    (lambda: kernelkit.load("x", ["a.cpp"], extra_cflag=["-O2"]), "extra_cflag", "extra_cflags"),
+    (lambda: kernelkit.load("x", ["a.cpp"], build_dir="b"), "build_dir", "build_directory"),
+])
+def test_unknown_keyword_names_the_one_it_resembles(call, wrong, right):
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{wrong}'; did you mean '{right}'"):
+        call()
+
+
+def test_bad_arguments_say_what_was_expected(tmp_path):
+    with pytest.raises(ValueError, match="sources: expected at least one"):
+        kernelkit.load("x", [])
+    with pytest.raises(FileNotFoundError, match="sources: .*nope.cpp does not exist"):
+        kernelkit.load("x", [str(tmp_path / "nope.cpp")])
+    (tmp_path / "a.cpp").write_text("int f() { return 1; }\n")
+    with pytest.raises(ValueError, match="name: expected a Python identifier"):
+        kernelkit.load("my-ext", [str(tmp_path / "a.cpp")])
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        kernelkit.load("x", [str(tmp_path / "a.cpp")], is_standalone=True)
+    with pytest.raises(ValueError, match="build_directory= applies to torch-style builds"):
+        kernelkit.load("sigmoid", build_directory=str(tmp_path))
+    with pytest.raises(TypeError, match="not both"):
+        kernelkit.load_inline("x", "int f();", cpp="int g();")
+    with pytest.raises(ValueError, match="functions: 'not an id' is not a C\\+\\+ identifier"):
+        plan.plan_torch_inline("x", "int f();", None, ["not an id"])
+
+
+def test_compile_errors_cite_the_users_lines(tmp_path):
+    with pytest.raises(BuildError) as e:
+        kernelkit.load_inline("kk_err", "int ok() { return 1; }\nint f() { return undefined_name; }\n",
+                              no_implicit_headers=True, is_python_module=False)
+    msg = str(e.value)
+    assert "kk_err/main.cpp:2" in msg and "return undefined_name;" in msg
+    src = tmp_path / "broken.cpp"
+    src.write_text("int a() { return 0; }\n\nint b() { return missing_fn(); }\n")
+    with pytest.raises(BuildError) as e:
+        kernelkit.load("kk_err_file", [str(src)], is_python_module=False)
+    assert "broken.cpp:3" in str(e.value) and "missing_fn" in str(e.value)
+
+
+def test_undefined_symbol_is_named_and_not_cached(tmp_path):
+    src = tmp_path / "undef.cpp"
+    src.write_text('int declared_only(int);\nextern "C" int uses_it() { return declared_only(1); }\n')
+    for _ in range(2):  # the broken library is not kept: the second call reports the same, not a stale load
+        with pytest.raises(KernelkitError, match=r"undefined symbol declared_only\(int\)"):
+            kernelkit.load("kk_undef", [str(src)], is_python_module=False)
+
+
+def test_no_pybind_module_says_how_to_bind_before_compiling(tmp_path):
+    src = tmp_path / "nomod.cpp"
+    src.write_text("int f() { return 1; }\n")
+    before = kernelkit.STATS["compiles"]
+    with pytest.raises(KernelkitError, match="no PYBIND11_MODULE"):
+        kernelkit.load("kk_nomod", [str(src)])
+    with pytest.raises(KernelkitError, match="no PYBIND11_MODULE"):
+        kernelkit.load_inline("kk_nomod", "int f() { return 1; }")  # no functions= either
+    assert kernelkit.STATS["compiles"] == before
+
+
+TORCH_LIBRARY_SRC = """
+#include <ATen/ATen.h>
+#include <torch/library.h>
+at::Tensor plus_k(const at::Tensor& x) { return x + KK_K; }
+TORCH_LIBRARY(kk_tlib_test, m) { m.def("plus_k(Tensor x) -> Tensor"); }
+TORCH_LIBRARY_IMPL(kk_tlib_test, CPU, m) { m.impl("plus_k", &plus_k); }
+"""
+
+
+def test_torch_library_with_is_python_module_false(tmp_path):
+    src = tmp_path / "tlib.cpp"
+    src.write_text(TORCH_LIBRARY_SRC.replace("KK_K", "1"))
+    path = kernelkit.load("kk_tlib", [str(src)], is_python_module=False)
+    assert isinstance(path, str) and path.endswith(".so") and path in torch.ops.loaded_libraries
+    x = torch.randn(6)
+    torch.testing.assert_close(torch.ops.kk_tlib_test.plus_k(x), x + 1)
+    assert kernelkit.load("kk_tlib", [str(src)], is_python_module=False) == path  # unchanged: same result
+    src.write_text(TORCH_LIBRARY_SRC.replace("KK_K", "2"))  # torch would abort the process loading this
+    before = kernelkit.STATS["compiles"]
+    with pytest.raises(KernelkitError, match=r"TORCH_LIBRARY\(kk_tlib_test, \.\.\.\) is already defined"):
+        kernelkit.load("kk_tlib", [str(src)], is_python_module=False)
+    assert kernelkit.STATS["compiles"] == before  # refused before compiling
+
+
+def test_standalone_executable(tmp_path):
+    src = tmp_path / "main.cpp"
+    src.write_text("#include <cstdio>\nint main() { std::puts(\"standalone ok\"); return 3; }\n")
+    exe = kernelkit.load("kk_exe", [str(src)], is_python_module=False, is_standalone=True,
+                         build_directory=str(tmp_path / "bd"))
+    assert exe == str(tmp_path / "bd" / "kk_exe")
+    out = subprocess.run([exe], capture_output=True, text=True)
+    assert out.returncode == 3 and out.stdout.strip() == "standalone ok"
+
+
+def test_concurrent_processes_compile_once(tmp_path):
+    for name in ("one.cpp", "two.cpp"):
+        (tmp_path / name).write_text(f'extern "C" int {name[:3]}() {{ return {len(name)}; }}\n')
+    code = textwrap.dedent(f"""
+        import kernelkit
+        kernelkit.load("kk_conc", [{str(tmp_path / "one.cpp")!r}, {str(tmp_path / "two.cpp")!r}],
+                       is_python_module=False)
+        print("compiles", kernelkit.STATS["compiles"], kernelkit.STATS["links"])
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    counts = [tuple(map(int, o[0].split("compiles")[1].split())) for o in outs]
+    assert sum(c for c, _ in counts) == 2 and sum(links for _, links in counts) == 1, counts
+
+
+def test_cpp_extension_module_mirrors_torchs():
+    from kernelkit import cpp_extension
+
+    assert cpp_extension.load is kernelkit.load and cpp_extension.load_inline is kernelkit.load_inline
+    assert cpp_extension.include_paths() == torch_ext.include_paths()
+    assert cpp_extension.CUDA_HOME == torch_ext.CUDA_HOME
+    assert cpp_extension.BuildExtension is torch_ext.BuildExtension
+    assert cpp_extension.CUDAExtension is torch_ext.CUDAExtension
+    assert "verify_ninja_availability" in dir(cpp_extension)
+    with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
+        cpp_extension.nonexistent
+
+
+@pytest.mark.cuda_build
+def test_single_file_torch_style_cu_compiles_for_an_explicit_arch(capsys):
+    before = kernelkit.STATS["compiles"]
+    info = kernelkit.load("kk_mul", [str(FIXTURES / "mul.cu")], extra_cuda_cflags=["-O3"], arch="9.0", load=False)
+    assert info.path.is_file() and info.name == "kk_mul"
+    symbols = subprocess.run(["nm", "-D", str(info.path)], capture_output=True, text=True).stdout
+    assert "PyInit_kk_mul" in symbols  # PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) got this build's name
+    if kernelkit.STATS["compiles"] > before:  # compiled here (not a kept cache): the slow-rebuild hint
+        assert "includes torch's headers" in capsys.readouterr().err
