@@ -48,7 +48,7 @@ sys.path.insert(0, str(work))
 def load(scale="1.0f"):
     if style == "sigmoid":
         import sigmoid_inline as s
-        return ext.load_inline("bench_sigmoid", s.CPP, s.cuda_source(scale), ["sigmoid"], **extra)
+        return ext.load_inline("bench_sigmoid", s.CPP, s.cuda_source(scale), functions=["sigmoid"], **extra)
     files = {"cem": ["sample.cu", "sample.cpp"], "mul": ["mul.cu"],
              "cem_ported": ["sample_kernel.cu", "sample_ported.cpp"]}[style]
     return ext.load("bench_" + style, [str(work / f) for f in files], extra_cuda_cflags=["-O3"], **extra)

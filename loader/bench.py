@@ -567,7 +567,7 @@ class BenchResult:
                 series.setdefault(r["contender"], []).append({**r, "x": xof(tuple(r["size"]))})
         for points in series.values():
             points.sort(key=lambda p: p["x"])
-        title = f"{self.name} on {self.device_name} ({self.dtype})"
+        title = report.sweep_title(self.name, self.device, self.device_name, self.dtype)
         return report.plot_sweep(series, xlabel, title, out_dir, stem or self.name)
 
 
