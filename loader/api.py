@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import threading
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Union
 
 import torch
 
@@ -52,8 +52,9 @@ class BuildInfo:
     build_seconds: float
 
 
-def _built(target: _build.Target, prebuilt_ok: bool = True):
-    """(path, cached, seconds): a verified cache entry first, then a prebuilt (AOT) library, then a build."""
+def obtain(target: _build.Target, prebuilt_ok: bool = True):
+    """(path, cached, seconds): a verified cache entry first, then a prebuilt (AOT) library, then a build.
+    Takes no process-wide lock (the cache's file locks keep concurrent builders apart)."""
     so = cache.verified_library(target.name, target.key)
     if so is not None:
         return so, True, 0.0
@@ -75,7 +76,7 @@ def _open(target: _build.Target, card: Optional[Card], options: dict, do_load: b
                 for callback in _ON_ACTIVATE:
                     callback(lib)
             return lib
-        so, cached, seconds = _built(target)
+        so, cached, seconds = obtain(target)
         if not do_load:
             return BuildInfo(target.name, target.key, so, cached, seconds)
         if cached:
@@ -158,7 +159,7 @@ def _open_extension(target: _build.Target, is_python_module: bool, build_directo
         if hit is None:
             if not target.standalone and not is_python_module:
                 _refuse_redefined_namespaces(target)
-            so, cached, seconds = _built(target, prebuilt_ok=False)
+            so, cached, seconds = obtain(target, prebuilt_ok=False)
             if not do_load:
                 return BuildInfo(target.name, target.key, so, cached, seconds)
             if cached:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
 import torch
 
-from . import aot, api, cache, report
+from . import aot, api, report
 from . import build as _build
 from .bench import BenchResult, bench, device_bandwidth, device_name, write_csv
 from .cards import all_cards
@@ -104,11 +104,9 @@ def _plan(name: str, opts: Options) -> _build.Target:
 
 
 def _build_target(target: _build.Target) -> Built:
-    """Put ``target`` into the cache as ``kernelkit.load(..., load=False)`` would, without api's process-wide
-    lock, which would make concurrent builds wait for each other."""
-    if cache.verified_library(target.name, target.key) is not None or aot.find_prebuilt(target) is not None:
-        return Built(cached=True)
-    _, cached, seconds = _build.build(target)
+    """Put ``target`` into the cache as ``kernelkit.load(..., load=False)`` would, without the lock ``load``
+    holds (it would make concurrent builds wait for each other)."""
+    _, cached, seconds = api.obtain(target)
     return Built(cached, seconds)
 
 

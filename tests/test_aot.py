@@ -186,7 +186,8 @@ def test_stale_prebuilt_is_detected_and_rebuilt_by_jit(built, tmp_path, monkeypa
     shutil.copytree(built["cards"], cards)  # the prebuilt matches this copy until it is edited
     monkeypatch.setenv("KERNELKIT_PREBUILT_PATH", str(built["out"]))
     src = cards / "affine.cpp"
-    src.write_text(src.read_text().replace("x[i] * SCALE + OFFSET", "x[i] * SCALE - OFFSET"))
+    # an edit no other test makes, so no build of it sits in this run's cache before this load
+    src.write_text(src.read_text().replace("x[i] * SCALE + OFFSET", "x[i] * SCALE - OFFSET /* stale prebuilt */"))
     lib = kernelkit.load("affine", kernels_dir=cards)
     err = capfd.readouterr().err
     assert "affine: prebuilt does not match this build, using JIT" in err, err

@@ -152,7 +152,7 @@ def test_functions_forms_generate_torchs_bindings(functions, expected):
         assert f'm.def("{name}", torch::wrap_pybind_function({name}), "{doc}");' in main
     plain = plan.plan_torch_inline("kk_forms", INLINE_CPP_A, None, functions, with_pytorch_error_handling=False,
                                    no_implicit_headers=True).units[0].path.read_text()
-    assert "#include <torch/extension.h>" not in plain and f'm.def("twice", twice, ' in plain
+    assert "#include <torch/extension.h>" not in plain and 'm.def("twice", twice, ' in plain
     assert "-DTORCH_EXTENSION_NAME=kk_forms" in target.units[0].flags
 
 
