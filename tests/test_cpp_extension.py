@@ -156,6 +156,7 @@ def test_functions_forms_generate_torchs_bindings(functions, expected):
     assert "-DTORCH_EXTENSION_NAME=kk_forms" in target.units[0].flags
 
 
+@pytest.mark.cuda_build  # planning CUDA sources checks that nvcc's CUDA major version is torch's
 def test_torch_inline_cuda_sources_get_torchs_headers():
     target = plan.plan_torch_inline("kk_cu_plan", "torch::Tensor f(torch::Tensor x);", "__global__ void k() {}",
                                     "f", arch="9.0")
