@@ -27,7 +27,7 @@ def _op(name: str):
 def crosscheck(op: str = "vector_add", sizes: Optional[List[int]] = None, budget_ms: float = 200.0) -> List[dict]:
     import triton.testing
 
-    from kernelkit.bench import time_cuda
+    from kernelkit.harness.bench import time_cuda
 
     fn_op = _op(op)
     rows = []
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    from kernelkit.harness_cli import parse_size
+    from kernelkit.frontends.harness_commands import parse_size
 
     rows = crosscheck(args.op, [parse_size(s)[0] for s in args.sizes])
     print(f"{torch.cuda.get_device_name()}: kernelkit.bench vs triton.testing.do_bench (median, p20-p80 in us)")

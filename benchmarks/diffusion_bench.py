@@ -13,7 +13,7 @@ End-to-end contenders (median time per denoise loop, CUDA events, after warm-up)
   kernelkit+compile     the kernelkit step under torch.compile(mode="reduce-overhead"), like torch.compile's
 Per op, "kernelkit" gets a (Cout, Cin, K)-contiguous weight, "kernelkit-model" the weight as use_kernelkit
 stores it (kernelkit.diffusion.preferred_weight_layout: channels-last from 2^19 elements) and
-"kernelkit-fused" the split kernel forced. Per-op timings (kernelkit.bench.time_together: device time,
+"kernelkit-fused" the split kernel forced. Per-op timings (kernelkit.harness.bench.time_together: device time,
 contenders in turn, paired ratio to torch.compile with a 95% interval) flush L2 before each convolution
 (the U-Net's 263 MB of weights never stay in L2 in a real loop), not before the DDPM step (its
 coefficient table does).
@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 import kernelkit.diffusion as kd
-from kernelkit.bench import paired_ratio, time_together
+from kernelkit.harness.bench import paired_ratio, time_together
 from kernelkit.reference import unet1d
 from kernelkit.reference.conv1d_gn_mish import conv1d_gn_mish as conv_ref
 from kernelkit.reference.ddpm_step import ddpm_step as step_ref
@@ -61,7 +61,7 @@ def loop_time_us(fn, reps: int, warmup: int = 2) -> dict:
 
 
 def time_ops(row: dict, contenders: dict, args, flush: bool) -> None:
-    """Device time per call of each contender, timed in turn (kernelkit.bench.time_together: L2 flushed
+    """Device time per call of each contender, timed in turn (kernelkit.harness.bench.time_together: L2 flushed
     or not, shuffled rounds), into ``row``; plus kernelkit's paired ratio to torch.compile with its 95%
     interval."""
     res = time_together(contenders, "cuda", budget_ms=args.op_budget_ms, min_reps=args.op_reps, flush=flush)

@@ -5,8 +5,9 @@ kernelkit.fastcall. Run on a GPU host: python benchmarks/host_overhead.py"""
 import torch
 
 import kernelkit
-from kernelkit import fastcall, ops
-from kernelkit.bench import host_overhead_us as H
+from kernelkit import ops
+from kernelkit.jit import fastcall
+from kernelkit.harness.bench import host_overhead_us as H
 
 dev = "cuda"
 one = torch.ones(1, device=dev)

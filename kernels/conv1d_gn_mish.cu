@@ -2,7 +2,7 @@
 // The direct path is phase 2 alone, computing its slab of the convolution from x and W (few taps).
 #include <algorithm>
 
-#include "common/launch.cuh"
+#include <kernelkit/launch.cuh>
 #include "conv1d_gn_mish.h"
 
 namespace kk {

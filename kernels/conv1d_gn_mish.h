@@ -80,7 +80,7 @@ cudaError_t conv_gn_mish_direct_cuda(const float* x, const float* w, const Conv1
 }  // namespace kk
 
 #ifdef KERNELKIT_BINDING
-#include "common/torch_glue.h"
+#include <kernelkit/torch_glue.h>
 
 namespace kk {
 

@@ -1,7 +1,7 @@
 // ddpm_step device code: the fused DDPM step with the timestep and its coefficients read on the device.
-#include "common/elementwise.cuh"
-#include "common/launch.cuh"
-#include "common/philox.cuh"
+#include <kernelkit/elementwise.cuh>
+#include <kernelkit/launch.cuh>
+#include <kernelkit/philox.cuh>
 #include "ddpm_step.h"
 
 namespace kk {

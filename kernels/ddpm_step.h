@@ -15,8 +15,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "common/dtype.cuh"
-#include "common/philox.cuh"
+#include <kernelkit/dtype.cuh>
+#include <kernelkit/philox.cuh>
 
 namespace kk {
 
@@ -82,7 +82,7 @@ cudaError_t ddpm_step_cuda(const T* eps, const int64_t* timestep, const T* x, co
 }  // namespace kk
 
 #ifdef KERNELKIT_BINDING
-#include "common/torch_glue.h"
+#include <kernelkit/torch_glue.h>
 
 namespace kk {
 

@@ -1,5 +1,5 @@
 // elementwise_mul device code: out = a * b over contiguous buffers (see common/elementwise.cuh).
-#include "common/elementwise.cuh"
+#include <kernelkit/elementwise.cuh>
 #include "elementwise_mul.h"
 
 namespace kk {

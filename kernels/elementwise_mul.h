@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "common/dtype.cuh"
+#include <kernelkit/dtype.cuh>
 
 namespace kk {
 
@@ -19,7 +19,7 @@ template <typename T> cudaError_t elementwise_mul_cuda(const T* a, const T* b, T
 }  // namespace kk
 
 #ifdef KERNELKIT_BINDING
-#include "common/torch_glue.h"
+#include <kernelkit/torch_glue.h>
 
 namespace kk {
 

@@ -6,9 +6,9 @@
 // a warp stores its chunks' elements (the ragged row ends left out) as one contiguous range.
 #include <algorithm>
 
-#include "common/launch.cuh"
-#include "common/philox.cuh"
-#include "common/vec.cuh"
+#include <kernelkit/launch.cuh>
+#include <kernelkit/philox.cuh>
+#include <kernelkit/vec.cuh>
 #include "sample_normal.h"
 
 namespace kk {

@@ -10,8 +10,8 @@
 
 #include <cstdint>
 
-#include "common/dtype.cuh"
-#include "common/philox.cuh"
+#include <kernelkit/dtype.cuh>
+#include <kernelkit/philox.cuh>
 
 namespace kk {
 
@@ -23,7 +23,7 @@ cudaError_t sample_normal_cuda(const T* mu, const T* sigma, T* out, int64_t d, i
 }  // namespace kk
 
 #ifdef KERNELKIT_BINDING
-#include "common/torch_glue.h"
+#include <kernelkit/torch_glue.h>
 
 namespace kk {
 

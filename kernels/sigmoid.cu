@@ -1,5 +1,5 @@
 // sigmoid device code: stable forward and fused backward (see common/elementwise.cuh).
-#include "common/elementwise.cuh"
+#include <kernelkit/elementwise.cuh>
 #include "sigmoid.h"
 
 namespace kk {

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "common/dtype.cuh"
+#include <kernelkit/dtype.cuh>
 
 namespace kk {
 
@@ -44,7 +44,7 @@ cudaError_t sigmoid_backward_cuda(const T* grad, const T* s, T* grad_x, int64_t 
 }  // namespace kk
 
 #ifdef KERNELKIT_BINDING
-#include "common/torch_glue.h"
+#include <kernelkit/torch_glue.h>
 
 namespace kk {
 

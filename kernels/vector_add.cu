@@ -1,5 +1,5 @@
 // vector_add device code: out = a + alpha * b over contiguous buffers (see common/elementwise.cuh).
-#include "common/elementwise.cuh"
+#include <kernelkit/elementwise.cuh>
 #include "vector_add.h"
 
 namespace kk {

@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "common/dtype.cuh"
+#include <kernelkit/dtype.cuh>
 
 namespace kk {
 
@@ -20,7 +20,7 @@ cudaError_t vector_add_cuda(const T* a, const T* b, T* out, double alpha, int64_
 }  // namespace kk
 
 #ifdef KERNELKIT_BINDING
-#include "common/torch_glue.h"
+#include <kernelkit/torch_glue.h>
 
 namespace kk {
 

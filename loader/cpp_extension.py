@@ -10,8 +10,8 @@ lines, no ``_v1``/``_v2`` names after an edit). Everything else (``include_paths
 """
 from __future__ import annotations
 
-from .api import load, load_inline
-from .toolchain import cpp_extension as _torch_cpp_extension
+from .jit.api import load, load_inline
+from .jit.toolchain import cpp_extension as _torch_cpp_extension
 
 __all__ = ["load", "load_inline", "include_paths", "library_paths", "CUDA_HOME", "BuildExtension", "CppExtension",
            "CUDAExtension", "verify_ninja_availability", "is_ninja_available", "get_default_build_root"]

@@ -16,7 +16,7 @@ from typing import Dict, Optional, Sequence
 
 import torch
 
-from . import fastcall
+from .jit import api, fastcall
 
 __all__ = ["vector_add", "elementwise_mul", "sigmoid", "sigmoid_backward", "sample_normal"]
 
@@ -65,9 +65,7 @@ def _on_activate(lib) -> None:
 
 def _sync(card: str):
     """Bind the card's newest build (kernelkit.library: loaded, and set up, on first use); return it."""
-    import kernelkit
-
-    lib = kernelkit.library(card)
+    lib = api.library(card)
     if lib.ns in _BOUND_NS:
         _bind(lib, _BOUND_NS[lib.ns])
         return lib
@@ -106,8 +104,6 @@ def _op(card: str, op: str):
 
 
 def _register_hook() -> None:
-    from . import api
-
     api.on_activate(_on_activate)
     fastcall.on_ready(_use_fastcall)
 

@@ -1,6 +1,6 @@
 """Philox4x32-10 and the kernels' Box-Muller transforms in pure PyTorch (int64 arithmetic, exact).
 
-The same generator and counter layout as ``kernels/common/philox.cuh``: for (seed, subsequence, offset)
+The same generator and counter layout as ``loader/include/kernelkit/philox.cuh``: for (seed, subsequence, offset)
 block k is Philox4x32-10 of counter (offset/4 + k, subsequence) under key seed, i.e. cuRAND's
 ``curand_init(seed, subsequence, offset)`` stream. Used by the tests to check the CUDA samplers bit
 for bit (slow: for test-sized inputs only).

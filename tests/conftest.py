@@ -18,7 +18,7 @@ HAS_GPU = torch.cuda.is_available()
 
 def _cuda_build_problem():
     """Why CUDA code cannot be compiled for this torch here (None if it can)."""
-    from kernelkit import toolchain
+    from kernelkit.jit import toolchain
 
     try:
         toolchain.check_cuda_match("CUDA tests")

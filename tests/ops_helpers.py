@@ -18,7 +18,7 @@ def lib(card: str):
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, spec=None, dtype=None):
     dtype = dtype or expected.dtype
-    rtol, atol = spec.tolerance(dtype) if spec is not None else kernelkit.spec.DEFAULT_TOLERANCES[dtype]
+    rtol, atol = spec.tolerance(dtype) if spec is not None else kernelkit.harness.spec.DEFAULT_TOLERANCES[dtype]
     assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
     assert not actual.isnan().any() or expected.isnan().any(), "NaN in result"

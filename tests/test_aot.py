@@ -20,7 +20,7 @@ import torch
 
 import kernelkit
 from kernelkit import aot
-from kernelkit.cards import builtin_dir, find
+from kernelkit.jit.cards import builtin_dir, find
 from kernelkit.errors import CacheSecurityError
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -34,14 +34,13 @@ X = torch.tensor([0.0, 1.0, -2.5, 3.0])
 def copy_cards(dst: Path) -> Path:
     """sigmoid (a CUDA card with CPU ops) and affine (a CPU card) in a directory of their own."""
     src = builtin_dir()
-    shutil.copytree(src / "common", dst / "common")
     for f in ("sigmoid.cu", "sigmoid.h", "sigmoid.py"):
         shutil.copy(src / f, dst / f)
     return write_affine(dst)
 
 
 def plan(name, cards_dir, arch=ARCH, **kw):
-    from kernelkit.plan import plan_card
+    from kernelkit.jit.plan import plan_card
 
     return plan_card(find(name, cards_dir), arch, kw.get("cflags", []), [], [], [])
 
@@ -84,7 +83,7 @@ def test_source_key_ignores_compiler_identity_paths_and_arch(tmp_path, monkeypat
     assert aot.source_key(s) == aot.source_key(plan("sigmoid", tmp_path / "a", arch="9.0"))
     assert aot.target_archs(s) == ["sm_80", "sm_90"]
     # the local key changes with the compiler's identity; the source key does not
-    from kernelkit import toolchain
+    from kernelkit.jit import toolchain
 
     real = toolchain.fingerprint()
     monkeypatch.setattr(toolchain, "fingerprint", lambda: real.replace("cxx=", "cxx=/other/g++:"))
@@ -131,7 +130,7 @@ def test_aot_build_writes_entries_with_manifests(built):
 def test_prebuilt_fastcall_is_loaded_without_a_compiler(built, tmp_path):
     proc = run_python("""
         import torch
-        from kernelkit import build, fastcall
+        from kernelkit.jit import build, fastcall
         m = fastcall.module()
         assert m is not None, fastcall.error()
         print("FILE", m.__file__, "COMPILES", build.STATS["compiles"])
@@ -281,7 +280,7 @@ def test_opt_in_wheel_contains_prebuilt_libraries(built, tmp_path):
     import zipfile
 
     names = zipfile.ZipFile(whl).namelist()
-    assert {"kernelkit/csrc/kernelkit/binding.h", "kernelkit/csrc/kernelkit/fastcall.cpp"} <= set(names)
+    assert {"kernelkit/include/kernelkit/binding.h", "kernelkit/include/kernelkit/elementwise.cuh", "kernelkit/csrc/fastcall.cpp"} <= set(names)
     libs = [n for n in names if n.startswith("kernelkit/prebuilt/affine-") and n.endswith("kk_affine.so")]
     assert len(libs) == 1 and libs[0].replace("kk_affine.so", "manifest.json") in names, names
     manifest = json.loads(zipfile.ZipFile(whl).read(libs[0].replace("kk_affine.so", "manifest.json")))

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from kernelkit import Spec, bench
-from kernelkit.bench import device_bandwidth, paired_ratio, time_fn, time_together
-from kernelkit.harness_cli import parse_size
+from kernelkit.harness.bench import device_bandwidth, paired_ratio, time_fn, time_together
+from kernelkit.frontends.harness_commands import parse_size
 from fixtures import broken_ops as B
 
 SIZES = [(1 << 10,), (1 << 14,)]
@@ -73,7 +73,7 @@ def test_paired_ratio_resolves_what_separate_medians_cannot():
     r = paired_ratio(ours, other)
     assert r.verdict == "faster" and 1.015 < r.lo <= r.median <= r.hi < 1.025, r
     assert str(r).startswith("1.02")
-    from kernelkit.bench import Timing
+    from kernelkit.harness.bench import Timing
 
     a, b = Timing.from_samples(ours, "t"), Timing.from_samples(other, "t")
     assert a.p20_us < b.median_us < a.p80_us  # apart, each one's spread swallows the difference
@@ -197,7 +197,7 @@ def test_bandwidth_measured_once_and_cached(tmp_path, monkeypatch):
     files = list(tmp_path.rglob("bandwidth.json"))
     assert len(files) == 1 and "cpu|" in files[0].read_text()
     # kernelkit.bench is the function; the module is in sys.modules
-    monkeypatch.setattr(sys.modules["kernelkit.bench"], "time_fn", lambda *a, **k: pytest.fail("measured again"))
+    monkeypatch.setattr(sys.modules["kernelkit.harness.bench"], "time_fn", lambda *a, **k: pytest.fail("measured again"))
     assert device_bandwidth("cpu") == bw
 
 

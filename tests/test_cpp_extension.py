@@ -15,7 +15,8 @@ import torch
 from torch.utils import cpp_extension as torch_ext
 
 import kernelkit
-from kernelkit import BuildError, KernelkitError, plan
+from kernelkit import BuildError, KernelkitError
+from kernelkit.jit import plan
 
 FIXTURES = Path(__file__).parent / "fixtures" / "torch_ext"
 

@@ -135,7 +135,7 @@ def test_ported_kernel_edit_recompiles_only_the_torch_free_unit(cem_ported, tmp_
     before = kernelkit.STATS["compiles"]
     edited = kernelkit.load("kk_cem_ported", srcs, extra_cuda_cflags=["-O3"])
     assert kernelkit.STATS["compiles"] - before == 1
-    target = kernelkit.plan.plan_extension("kk_cem_ported", [Path(s) for s in srcs], extra_cuda_cflags=["-O3"])
+    target = kernelkit.jit.plan.plan_extension("kk_cem_ported", [Path(s) for s in srcs], extra_cuda_cflags=["-O3"])
     assert [u.uses_torch for u in target.units] == [False, True]  # the edited .cu never parses torch's headers
     mu = torch.randn(4, device="cuda")
     sigma = torch.rand(4, device="cuda") + 0.5

@@ -1,4 +1,4 @@
-"""common/elementwise.cuh picks its access shape by GPU and operand size (1 MiB and 32 MiB boundaries):
+"""<kernelkit/elementwise.cuh> picks its access shape by GPU and operand size (1 MiB and 32 MiB boundaries):
 every shape, with 1, 2 and 3 inputs, on sizes just either side of each boundary with ragged tails, and on
 sizes that every tile divides (the unmasked kernel), against the references (CPU on CI for the same sizes,
 CUDA under `gpu`)."""

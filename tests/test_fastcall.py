@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import kernelkit
-from kernelkit import fastcall
+from kernelkit.jit import fastcall
 
 PROBE_CPP = r"""
 #include <chrono>

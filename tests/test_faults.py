@@ -21,10 +21,12 @@ from pathlib import Path
 import filelock
 import pytest
 
-from kernelkit import aot, build, cache, cli, toolchain
+from kernelkit import aot
+from kernelkit.jit import build, cache, toolchain
+from kernelkit.frontends import cli
 from kernelkit.errors import (BuildError, CacheSecurityError, CacheUnwritable, Diagnostic, KernelkitError,
                               SourcesChanged)
-from kernelkit.sources import sha256_file
+from kernelkit.jit.sources import sha256_file
 
 TU = '#include "v.h"\nextern "C" __attribute__((visibility("default"))) int f() {{ return V * 100 + {w}; }}\n'
 
@@ -507,7 +509,7 @@ import sys
 from pathlib import Path
 sys.path.insert(0, {tests!r})
 from test_faults import make_target
-from kernelkit import build
+from kernelkit.jit import build
 build.build(make_target(Path({src!r})))
 """
 

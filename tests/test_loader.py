@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import kernelkit
-from kernelkit import cache
+from kernelkit.jit import cache
 from loader_cards import run_python, write_affine, write_square
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -372,7 +372,7 @@ KERNELKIT_LIBRARY(m) {
 def test_compiler_with_static_libstdcxx_still_raises_cleanly(tmp_path):
     """A compiler whose libstdc++ is a static archive (a GPU host's relocated gcc is one) must not embed a
     second libstdc++ in the library: formatting numbers in an error message would then crash."""
-    from kernelkit import toolchain
+    from kernelkit.jit import toolchain
 
     d = tmp_path / "cards"
     d.mkdir()
@@ -397,7 +397,7 @@ def test_compiler_with_static_libstdcxx_still_raises_cleanly(tmp_path):
 def test_precompiled_binding_header_is_built_once_then_used(tmp_path):
     """The first cold build starts a PCH of <kernelkit/binding.h> in the background; once it exists, a
     new card's binding TU uses it (and gcc accepts it), and the op is still right."""
-    from kernelkit import build
+    from kernelkit.jit import build
 
     if not build.toolchain.is_gcc():
         pytest.skip("precompiled headers are used with gcc only")

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 import kernelkit
-from kernelkit import cache, cli, toolchain
+from kernelkit.jit import cache, toolchain
+from kernelkit.frontends import cli
 from kernelkit.errors import BuildError, parse_diagnostics
-from kernelkit.sources import digest_tree, scan_includes
+from kernelkit.jit.sources import digest_tree, scan_includes
 
 
 @pytest.mark.parametrize("spec, expected", [

@@ -6,7 +6,7 @@ IPython = pytest.importorskip("IPython")
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 
 import kernelkit  # noqa: E402
-from kernelkit.magic import split_cell  # noqa: E402
+from kernelkit.frontends.magic import split_cell  # noqa: E402
 
 CELL = """\
 at::Tensor cube(const at::Tensor& x) {

@@ -203,7 +203,7 @@ def test_more_than_2_31_elements(big_gpu_memory):
 @pytest.mark.gpu
 @pytest.mark.slow
 def test_either_side_of_the_32_bit_index_limit(big_gpu_memory):
-    """common/elementwise.cuh indexes in 32 bits below kEwSmallIndexLimit = 2^31 - 2^16 elements and in
+    """<kernelkit/elementwise.cuh> indexes in 32 bits below kEwSmallIndexLimit = 2^31 - 2^16 elements and in
     64 bits from there: the last elements on both sides of the switch, aligned and not."""
     limit = (1 << 31) - (1 << 16)
     big_gpu_memory(2 * 3 * (limit + 8))
@@ -224,7 +224,6 @@ def _hot_reload(tmp_path, edit_file, old, new):
     kdir = lib(CARD).card.dir
     for f in ("vector_add.cu", "vector_add.h", "vector_add.py"):
         shutil.copy(kdir / f, tmp_path / f)
-    shutil.copytree(kdir / "common", tmp_path / "common")
     p = tmp_path / edit_file
     text = p.read_text()
     assert old in text

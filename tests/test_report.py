@@ -2,7 +2,7 @@
 size order, titles that say what was measured where."""
 import pytest
 
-from kernelkit import report
+from kernelkit.harness import report
 
 SIZES = [4096, 64, 1 << 20, 512, 1 << 16]  # sweep order, as a card's bench_sizes may list them
 TITLE = report.sweep_title("conv1d_gn_mish", "cuda", "NVIDIA H100 80GB HBM3", "float32")

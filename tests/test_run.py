@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelkit import runner
-from kernelkit.cli import main
+from kernelkit.harness import runner
+from kernelkit.frontends.cli import main
 from kernelkit.errors import KernelkitError
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -12,8 +12,8 @@ import traceback
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from .cards import Card, all_cards, search_path
-from .errors import KernelkitError
+from ..errors import KernelkitError
+from ..jit.cards import Card, all_cards, search_path
 
 _DTYPES = {"float32": "float32", "float64": "float64", "float16": "float16", "bfloat16": "bfloat16",
            "fp32": "float32", "fp64": "float64", "fp16": "float16", "bf16": "bfloat16",
@@ -130,7 +130,7 @@ def _default_device(spec) -> Optional[str]:
 def _targets(args) -> List[tuple]:
     """(name, spec, op, device) for each requested card, loading it; a card that cannot run says why on
     stderr and comes back as (name, None, None, None) when that is a failure, or not at all when a skip."""
-    from .spec import load_card
+    from ..harness.spec import load_card
 
     check_device(args.device)
     out = []
@@ -156,7 +156,7 @@ def _targets(args) -> List[tuple]:
 
 
 def cmd_check(args) -> int:
-    from .check import check
+    from ..harness.check import check
 
     status = 0
     for name, spec, op, device in _targets(args):
@@ -171,7 +171,7 @@ def cmd_check(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import bench, write_csv
+    from ..harness.bench import bench, write_csv
 
     results, status = [], 0
     for name, spec, op, device in _targets(args):
@@ -196,7 +196,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from .runner import Options, run
+    from ..harness.runner import Options, run
 
     find_cards(args.ops, args.kernels_dir)  # a mistyped name fails now, not after building the others
     opts = Options(check=not args.no_check, bench=not args.no_bench, trials=args.trials, sizes=_sizes(args.sizes),

@@ -8,10 +8,13 @@ after every (re)load with the loaded :class:`kernelkit.Library` to register fake
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from typing import Any, Callable, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
+
+from .. import ops
+from ..errors import KernelkitError
+from ..jit import api
 
 Shape = Tuple[int, ...]
 
@@ -90,7 +93,6 @@ class Spec:
         the op ``<name>`` of ``lib``, the card's loaded :class:`kernelkit.Library`."""
         if self.op is not None:
             return self.op
-        ops = importlib.import_module(__package__ + ".ops")
         if hasattr(ops, self.name) or lib is None:
             return getattr(ops, self.name)
         return getattr(lib, self.name)
@@ -101,9 +103,7 @@ class Spec:
 
 def load_card(name: str, kernels_dir: Any = None) -> Tuple[Spec, Callable[..., Any]]:
     """Build/load the card ``name`` and return (its spec, its public op)."""
-    api = importlib.import_module(__package__ + ".api")
     lib = api.load(name, kernels_dir=kernels_dir)
     if lib.spec is None:
-        errors = importlib.import_module(__package__ + ".errors")
-        raise errors.KernelkitError(f"card {name!r} has no spec ({name}.py defining SPEC)")
+        raise KernelkitError(f"card {name!r} has no spec ({name}.py defining SPEC)")
     return lib.spec, lib.spec.resolve_op(lib)

@@ -19,7 +19,7 @@ from typing import Optional, Tuple
 from pathlib import Path
 from typing import Dict
 
-from . import api
+from ..jit import api
 
 #: name -> (line, cell) of the last %%kernelkit cell run with that name
 CELLS: Dict[str, Tuple[str, str]] = {}

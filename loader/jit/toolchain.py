@@ -17,11 +17,15 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from .errors import KernelkitError
+from .. import __version__
+from ..errors import KernelkitError
+from . import cache
 
 log = logging.getLogger("kernelkit")
 
-CSRC = Path(__file__).resolve().parent / "csrc"
+# the public C++ include root: cards include <kernelkit/binding.h>, <kernelkit/elementwise.cuh>, ...
+INCLUDE = Path(__file__).resolve().parent.parent / "include"
+CSRC = Path(__file__).resolve().parent.parent / "csrc"  # kernelkit's own C++ modules
 
 
 def _identity(path: str) -> str:
@@ -166,8 +170,6 @@ def facts() -> Dict[str, object]:
     """torch's include/library paths, CUDA_HOME and nvcc flags. Importing torch.utils.cpp_extension
     (it imports setuptools) costs ~0.2 s, so a warm load reads them from a small file in the cache,
     keyed by everything they depend on."""
-    from . import cache
-
     env = [os.environ.get(v, "") for v in ("CUDA_HOME", "CUDA_PATH", "PATH", "ROCM_HOME")]
     key = hashlib.sha256("\0".join(["facts-v5", sys.prefix, torch.__file__, torch.__version__, *env]).encode()).hexdigest()[:24]
     path = cache.cache_dir() / f"toolchain-{key}.json"
@@ -245,8 +247,6 @@ def torch_nvcc_flags() -> List[str]:
 @functools.lru_cache(maxsize=None)
 def fingerprint() -> str:
     """Everything outside the sources that changes what a build produces."""
-    from . import __version__
-
     parts = [
         f"kernelkit={__version__}",
         f"torch={torch.__version__}",

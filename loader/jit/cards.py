@@ -15,7 +15,7 @@ import types
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Union
 
-from .errors import KernelkitError
+from ..errors import KernelkitError
 
 PathLike = Union[str, os.PathLike]
 

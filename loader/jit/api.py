@@ -18,10 +18,10 @@ from typing import Dict, List, Optional, Union
 
 import torch
 
+from ..errors import KernelkitError
 from . import build as _build
-from . import aot, cache, plan
+from . import cache, plan, prebuilt
 from .cards import Card, find as find_card
-from .errors import KernelkitError
 from .library import Library, import_extension
 from .progress import say
 
@@ -58,10 +58,10 @@ def obtain(target: _build.Target, prebuilt_ok: bool = True):
     so = cache.verified_library(target.name, target.key)
     if so is not None:
         return so, True, 0.0
-    prebuilt = aot.find_prebuilt(target) if prebuilt_ok else None
-    if prebuilt is not None:
-        say(f"{target.name}: using prebuilt {prebuilt}")
-        return prebuilt, True, 0.0
+    ready = prebuilt.find_prebuilt(target) if prebuilt_ok else None
+    if ready is not None:
+        say(f"{target.name}: using prebuilt {ready}")
+        return ready, True, 0.0
     return _build.build(target)
 
 

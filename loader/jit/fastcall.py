@@ -21,7 +21,7 @@ from typing import Callable, List, Optional
 
 import torch
 
-from . import aot, cache, progress, toolchain
+from . import cache, prebuilt, progress, toolchain
 from . import build as _build
 from .plan import make_target
 from .library import import_extension
@@ -29,7 +29,8 @@ from .library import import_extension
 log = logging.getLogger("kernelkit")
 
 MODULE_NAME = "_kernelkit_fastcall"
-SOURCE = toolchain.CSRC / "kernelkit" / "fastcall.cpp"
+SOURCE = toolchain.CSRC / "fastcall.cpp"
+AOT_NAME = "fastcall"  # its name among the AOT targets (python -m kernelkit.aot fastcall)
 
 MIN_BUILD_CPUS = 4  # fewer CPUs: no background build unless KERNELKIT_FASTCALL=1 asks for one
 
@@ -54,12 +55,12 @@ def background_build_pays() -> bool:
 
 def ready_made(t: _build.Target) -> bool:
     """Whether the module for ``t`` is prebuilt or in the cache, so loading it compiles nothing."""
-    return cache.verified_library(t.name, t.key) is not None or aot.find_prebuilt(t) is not None
+    return cache.verified_library(t.name, t.key) is not None or prebuilt.find_prebuilt(t) is not None
 
 
 def target() -> _build.Target:
     text = SOURCE.read_text()
-    unit = _build.plan_unit("cpp", SOURCE, text, [toolchain.CSRC], [], [], "kernelkit/fastcall.cpp", optimize="-O2")
+    unit = _build.plan_unit("cpp", SOURCE, text, [toolchain.INCLUDE], [], [], "kernelkit/fastcall.cpp", optimize="-O2")
     return make_target("fastcall", [unit], False, MODULE_NAME, [], {"kernelkit/fastcall.cpp": text.splitlines()})
 
 
@@ -74,7 +75,7 @@ def module():
         if not _STATE["tried"]:
             try:
                 t = target()
-                so = aot.find_prebuilt(t) or _build.build(t)[0]
+                so = prebuilt.find_prebuilt(t) or _build.build(t)[0]
                 _STATE["module"] = import_extension(MODULE_NAME, so)
             except Exception as e:  # noqa: BLE001 - an optimisation: any failure means the torch.ops path
                 _STATE["error"] = f"{type(e).__name__}: {e}"

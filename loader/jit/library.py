@@ -10,7 +10,7 @@ from typing import Any, List, Optional
 
 import torch
 
-from .errors import KernelkitError
+from ..errors import KernelkitError
 
 
 def namespace_for(name: str, key: str) -> str:

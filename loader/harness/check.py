@@ -18,8 +18,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ..errors import KernelkitError
 from . import report
-from .errors import KernelkitError
 from .spec import Spec, load_card
 from .stats import test_samples
 

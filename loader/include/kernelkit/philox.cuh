@@ -24,7 +24,7 @@
 
 #include <cstdint>
 
-#include "common/dtype.cuh"
+#include "dtype.cuh"
 
 namespace kk {
 

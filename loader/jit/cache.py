@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
-from .errors import CacheSecurityError, CacheUnwritable, LockTimeout
+from ..errors import CacheSecurityError, CacheUnwritable, LockTimeout
 from .sources import sha256_file
 
 log = logging.getLogger("kernelkit")

@@ -26,7 +26,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "common/philox.cuh"
+#include "philox.cuh"
 #endif
 
 // float32/float64/float16/bfloat16: the dtypes every elementwise card supports.

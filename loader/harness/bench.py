@@ -38,6 +38,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ..jit.cache import cache_dir
 from . import report
 from .spec import Spec, load_card
 
@@ -378,20 +379,7 @@ def host_overhead_us(fn: Callable[[], Any], device=None, calls: int = 100, repea
 # ------------------------------------------------------------------------------------------ bandwidth
 
 def _cache_dir() -> Path:
-    try:
-        from .cache import cache_dir
-
-        return Path(cache_dir())
-    except ImportError:  # harness used without the loader core, or without platformdirs
-        env = os.environ.get("KERNELKIT_CACHE_DIR")
-        if env:
-            return Path(env)
-        try:
-            import platformdirs
-
-            return Path(platformdirs.user_cache_dir("kernelkit"))
-        except ImportError:
-            return Path.home() / ".cache" / "kernelkit"
+    return Path(cache_dir())
 
 
 def device_name(device: torch.device) -> str:

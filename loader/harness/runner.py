@@ -19,12 +19,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
 import torch
 
-from . import aot, api, report
-from . import build as _build
+from ..errors import KernelkitError
+from ..jit import api, fastcall
+from ..jit import build as _build
+from ..jit.cards import all_cards, find
+from ..jit.plan import plan_card
+from . import report
 from .bench import BenchResult, bench, device_bandwidth, device_name, write_csv
-from .cards import all_cards
 from .check import CheckResult, check
-from .errors import KernelkitError
 
 CPU_MAX_NUMEL = 1 << 22  # CPU sweeps stop here: the GPU-sized sweeps would take minutes on a laptop
 
@@ -99,8 +101,7 @@ def _failure(e: BaseException) -> str:
 
 def _plan(name: str, opts: Options) -> _build.Target:
     """The card's build target, planned exactly as ``kernelkit.load`` plans it."""
-    ((_, target),) = aot.plan([name], arch=opts.arch, kernels_dir=opts.kernels_dir)
-    return target
+    return plan_card(find(name, opts.kernels_dir), opts.arch, [], [], [], [])
 
 
 def _build_target(target: _build.Target) -> Built:
@@ -117,7 +118,7 @@ def build_all(names: Sequence[str], opts: Options, say: Callable[[str], None]) -
     built: Dict[str, Built] = {}
     targets = {}
     for name in names:
-        if name == aot.FASTCALL:  # aot.plan reads this name as kernelkit's own module: run_card builds it
+        if name == fastcall.AOT_NAME:  # kernelkit's own module, not a card: run_card builds it
             continue
         try:
             targets[name] = _plan(name, opts)

@@ -13,9 +13,12 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from . import __version__, cache, harness_cli, report
-from .cards import Card, search_path
-from .errors import KernelkitError
+from .. import __version__
+from ..errors import KernelkitError
+from ..harness import report
+from ..jit import cache
+from ..jit.cards import Card, search_path
+from . import harness_commands
 
 
 DESCRIPTION = "Build, check and time the CUDA/C++ kernel cards on the search path, and manage the build cache."
@@ -100,8 +103,8 @@ def _literal_sources(spec_file: Path) -> Optional[List[str]]:
 def _imported_sources(name: str, d: Path, spec_file: Path) -> Optional[List[str]]:
     """The sources a spec names, by running it (and importing torch); None, with a note, when it raises."""
     try:
-        spec = harness_cli.card_spec(Card(name, d, spec_file))
-    except harness_cli.SpecError as e:
+        spec = harness_commands.card_spec(Card(name, d, spec_file))
+    except harness_commands.SpecError as e:
         print(f"note: {e}", file=sys.stderr)
         return None
     return list(spec.sources or []) if spec is not None else None
@@ -168,12 +171,12 @@ def cmd_list(args) -> int:
 
 def cmd_build(args) -> int:
     """Fill the cache without loading (works without a GPU, given --arch)."""
-    from . import api
+    from ..jit import api
 
     failed = 0
-    for card in harness_cli.find_cards(args.ops, args.kernels_dir):
+    for card in harness_commands.find_cards(args.ops, args.kernels_dir):
         try:
-            harness_cli.card_spec(card)
+            harness_commands.card_spec(card)
             info = api.load(card.name, kernels_dir=args.kernels_dir, arch=args.arch, load=False)
             how = "cached" if info.cached else f"built in {info.build_seconds:.1f} s"
             print(f"{card.name:<24} {info.key[:16]}  {how}  {info.path}")
@@ -209,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--kernels-dir", help="directory of cards (default: KERNELKIT_PATH + built-in)")
     b.set_defaults(func=cmd_build)
 
-    harness_cli.register(sub)  # check, bench, run
+    harness_commands.register(sub)  # check, bench, run
     return p
 
 
@@ -219,7 +222,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return int(args.func(args) or 0)
     except KernelkitError as e:  # the user's mistake or the card's, said in their terms; other errors are bugs
         print(f"kernelkit {args.command}: {e}", file=sys.stderr)
-        return 2 if isinstance(e, harness_cli.UsageError) else 1
+        return 2 if isinstance(e, harness_commands.UsageError) else 1
 
 
 if __name__ == "__main__":

@@ -15,9 +15,9 @@
 #include <utility>
 #include <cuda_runtime.h>
 
-#include "common/dtype.cuh"
-#include "common/launch.cuh"
-#include "common/vec.cuh"
+#include "dtype.cuh"
+#include "launch.cuh"
+#include "vec.cuh"
 
 namespace kk {
 

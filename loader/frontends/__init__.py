@@ -1,0 +1,1 @@
+"""The ways in: the ``kernelkit`` command and the notebook magic."""

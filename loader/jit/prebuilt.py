@@ -1,0 +1,218 @@
+"""Finding prebuilt libraries at run time: the lookup every load makes after the cache.
+
+A prebuilt library is matched by its **source key**: what the JIT key covers minus the compilers'
+identities (path, size, mtime) and local paths, which differ between the build machine and the machines
+that use the build. It covers the card name, every TU's text and the local headers it includes (by
+content), the compile and link flags (without include/library paths), and torch version, torch's CUDA
+version, C++ ABI, Python tag and kernelkit version. The CUDA archs are kept out of the key and recorded
+in the manifest instead: a build for ``8.0;9.0`` serves a load that asks for ``9.0``.
+
+A prebuilt directory holds ``<name>-<sourcekey16>/`` entries, each with ``manifest.json`` and the
+``.so`` whose sha256 the manifest records. Such directories are the installed package's
+``kernelkit/prebuilt`` (``KERNELKIT_AOT=1 pip install --no-build-isolation .``) and those listed in
+``KERNELKIT_PREBUILT_PATH`` (``python -m kernelkit.aot --out DIR``). They are only read, never written
+or locked, so one directory can be shared read-only by every machine and rank of a fleet.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Iterable, List, Optional, Sequence, Set, Tuple
+
+from ..errors import CacheSecurityError, KernelkitError
+from . import toolchain
+from .progress import say
+from .sources import digest_tree, sha256_bytes, sha256_file
+
+log = logging.getLogger("kernelkit")
+
+PREBUILT_ENV = "KERNELKIT_PREBUILT_PATH"
+PACKAGE_PREBUILT = Path(__file__).resolve().parent.parent / "prebuilt"
+MANIFEST = "manifest.json"
+FORMAT = "kernelkit-prebuilt-1"
+_GENCODE = re.compile(r"^arch=compute_\w+,code=((?:sm|compute)_\w+)$")
+_ARCH = re.compile(r"^(sm|compute)_(\d+)(\d)([a-z]?)$")
+
+
+# ---------------------------------------------------------------------------------------- source key
+def split_flags(flags: Sequence[str]) -> Tuple[List[str], List[str], List[str]]:
+    """A unit's flags -> (include dirs, gencode targets like 'sm_90', every other flag in order)."""
+    incs, archs, rest = [], [], []
+    it = iter(flags)
+    for f in it:
+        if f == "-gencode":
+            m = _GENCODE.match(next(it, ""))
+            if not m:
+                raise KernelkitError(f"unexpected -gencode value in {list(flags)}")
+            archs.append(m.group(1))
+        elif f.startswith("-I"):
+            incs.append(f[2:])
+        else:
+            rest.append(f)
+    return incs, archs, rest
+
+
+def key_ldflags(ldflags: Sequence[str]) -> List[str]:
+    """Link flags without the machine's library paths (torch's libraries are named by -l and versioned
+    by the torch version in the key)."""
+    return [f for f in ldflags if not f.startswith(("-L", "-Wl,-rpath"))]
+
+
+def portable_fingerprint() -> List[str]:
+    """toolchain.fingerprint() minus the C++ compiler's identity (which is local to a machine)."""
+    return [line for line in toolchain.fingerprint().splitlines() if not line.startswith("cxx=")]
+
+
+def source_key(target) -> str:
+    """The machine-independent key of a planned build (a ``build.Target``)."""
+    chunks = [b"kernelkit-source-key-1", target.name.encode(), "\n".join(portable_fingerprint()).encode(),
+              "\0".join(key_ldflags(target.ldflags)).encode()]
+    for u in target.units:
+        _, _, flags = split_flags(u.flags)
+        # the digest the unit was planned with, where build.Unit records it (else the files as they are now)
+        digest = getattr(u, "digest", None) or digest_tree(u.path.read_bytes(), u.deps)
+        chunks += [u.kind.encode(), "\0".join(flags).encode(), digest.encode()]
+    return sha256_bytes(*chunks)
+
+
+def target_archs(target) -> List[str]:
+    """The GPU code a build asks for: 'sm_90' (SASS) and 'compute_90' (PTX) entries, sorted."""
+    return sorted({a for u in target.units for a in split_flags(u.flags)[1]})
+
+
+def _arch_num(a: str) -> Optional[Tuple[str, int, int, str]]:
+    m = _ARCH.match(a)
+    return (m.group(1), int(m.group(2)), int(m.group(3)), m.group(4)) if m else None
+
+
+def covers(have: Iterable[str], want: Iterable[str]) -> bool:
+    """Whether GPU code built for ``have`` runs on every arch in ``want``: the same SASS, SASS of the same
+    major and a lower minor (binary compatible), or PTX of an equal or lower arch (JIT-compiled by the
+    driver on first load). A PTX request needs that exact PTX."""
+    have_p = [p for p in map(_arch_num, have) if p]
+    for w in want:
+        pw = _arch_num(w)
+        if pw is None or w in have:
+            continue
+        kind, major, minor, suffix = pw
+        if kind == "compute":
+            return False
+        ok = any((k == "sm" and M == major and m <= minor and not s and not suffix)
+                 or (k == "compute" and (M, m) <= (major, minor) and not s)
+                 for k, M, m, s in have_p)
+        if not ok:
+            return False
+    return True
+
+
+# ------------------------------------------------------------------------------- finding at run time
+def prebuilt_dirs() -> List[Path]:
+    """KERNELKIT_PREBUILT_PATH (in order), then the installed package's prebuilt directory: those that
+    exist and are trusted (see ``_trusted_owners``); an untrusted one is skipped with a warning."""
+    env = [Path(p).expanduser() for p in os.environ.get(PREBUILT_ENV, "").split(os.pathsep) if p]
+    return [d for d in env + [PACKAGE_PREBUILT] if _trusted_dir(d)]
+
+
+def _trusted_owners(root: Path) -> Set[int]:
+    """You and root; for the package's own prebuilt directory also whoever installed kernelkit (their
+    Python code runs in this process already)."""
+    owners = {os.getuid(), 0}
+    if root == PACKAGE_PREBUILT:
+        with contextlib.suppress(OSError):
+            owners.add(os.stat(PACKAGE_PREBUILT.parent / "__init__.py").st_uid)
+    return owners
+
+
+_WARNED: Set[Path] = set()
+
+
+def _trusted_dir(root: Path) -> bool:
+    try:
+        st = os.stat(root)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        return False
+    if st.st_uid in _trusted_owners(root):
+        return True
+    if root not in _WARNED:
+        _WARNED.add(root)
+        log.warning("ignoring prebuilt directory %s: it is owned by uid %d, not by you (uid %d) or root, and "
+                    "loading its libraries would run their code. Use a directory of your own in %s.",
+                    root, st.st_uid, os.getuid(), PREBUILT_ENV)
+    return False
+
+
+def _check_trusted(path: Path, owner: int) -> None:
+    """Like cache.check_safe, for directories other people may own: a prebuilt directory is trusted as
+    far as whoever owns it (the installer of the package, or the owner of a directory you listed in
+    KERNELKIT_PREBUILT_PATH). Everything in it must be owned by them (or by you, or root) and be
+    writable by nobody else, and nothing may be a symbolic link."""
+    st = os.stat(path, follow_symlinks=False)
+    if stat.S_ISLNK(st.st_mode):
+        raise CacheSecurityError(f"{path} is a symbolic link; kernelkit does not follow links in a prebuilt directory")
+    if st.st_uid not in (owner, os.getuid(), 0):
+        raise CacheSecurityError(f"{path} is owned by uid {st.st_uid}, not by the owner of its prebuilt directory "
+                                 f"(uid {owner}), you or root: refusing to load it")
+    if st.st_mode & 0o022:
+        raise CacheSecurityError(f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}): "
+                                 f"refusing to load it. Fix with: chmod go-w '{path}'")
+
+
+def read_manifest(entry: Path) -> Optional[dict]:
+    try:
+        m = json.loads((entry / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return m if isinstance(m, dict) and m.get("format") == FORMAT else None
+
+
+def _verified(root: Path, entry: Path, manifest: dict) -> Optional[Path]:
+    """The entry's .so if it is safe to load and matches its recorded sha256. Reads only."""
+    so = entry / str(manifest.get("so", ""))
+    if so.parent != entry or not so.is_file():
+        log.warning("prebuilt entry %s names no library that exists; ignoring it", entry)
+        return None
+    owner = os.stat(root).st_uid
+    for p in (root, entry, entry / MANIFEST, so):
+        _check_trusted(p, owner)
+    if sha256_file(so) != manifest.get("sha256"):
+        log.warning("prebuilt %s does not match its recorded sha256 (corrupt or replaced); ignoring it", so)
+        return None
+    return so
+
+
+def find_prebuilt(target) -> Optional[Path]:
+    """The prebuilt .so for ``target`` (a planned ``build.Target``) if one matches its source key and
+    covers its CUDA archs; None otherwise (the caller builds with JIT). Never writes, never locks."""
+    candidates = []
+    for root in prebuilt_dirs():
+        try:
+            entries = sorted(root.glob(f"{target.name}-*")) if root.is_dir() else []
+        except OSError:
+            continue
+        candidates += [(root.resolve(), e) for e in entries if e.is_dir()]
+    if not candidates:
+        return None
+    key, want = source_key(target), target_archs(target)
+    stale = []
+    for root, entry in sorted(candidates, key=lambda c: not c[1].name.endswith(key[:16])):
+        m = read_manifest(entry)
+        if m is None or m.get("name") != target.name:
+            continue
+        if m.get("source_key") != key:
+            stale.append(f"{entry} (other sources, flags or torch)")
+        elif not covers(m.get("archs", []), want):
+            stale.append(f"{entry} (built for {','.join(m.get('archs', [])) or 'no GPU'}; needs {','.join(want)})")
+        else:
+            so = _verified(root, entry, m)
+            if so is not None:
+                return so
+    if stale:
+        say(f"{target.name}: prebuilt does not match this build, using JIT: " + "; ".join(stale))
+    return None
