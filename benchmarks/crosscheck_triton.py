@@ -27,7 +27,7 @@ def _op(name: str):
 def crosscheck(op: str = "vector_add", sizes: Optional[List[int]] = None, budget_ms: float = 200.0) -> List[dict]:
     import triton.testing
 
-    from kernelkit.harness.bench import time_cuda
+    from kernelkit.harness.timing import time_cuda
 
     fn_op = _op(op)
     rows = []

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU host run, in two phases that fit the device tool's 10-minute calls:
 #   bash benchmarks/gpu_session.sh test    # install, build every card, the GPU test suite
-#   bash benchmarks/gpu_session.sh bench   # kernelkit run + loader/diffusion benchmarks + triton cross-check
+#   bash benchmarks/gpu_session.sh bench   # kernelkit run + loader benchmarks; bench2: diffusion + triton cross-check
 # Wheels the host lacks travel in .whl/ (see the device docs); results go under $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/kk-out}
@@ -29,7 +29,7 @@ bench)
   timeout ${LB_TIMEOUT:-240} python3 benchmarks/loader_bench.py --repeat ${LOADER_REPEAT:-2} --json "$OUT/loader_bench.json" 2>&1 | tail -12
   ;;
 bench2)
-  timeout ${DB_TIMEOUT:-300} python3 benchmarks/diffusion_bench.py --json "$OUT/diffusion_bench.json" ${DB_ARGS:-} 2>&1 | tail -40
+  PYTHONPATH=examples:$PYTHONPATH timeout ${DB_TIMEOUT:-300} python3 -m diffusion_policy.bench --json "$OUT/diffusion_bench.json" ${DB_ARGS:-} 2>&1 | tail -40
   timeout 120 python3 benchmarks/crosscheck_triton.py --json "$OUT/crosscheck.json" 2>&1 | tail -10
   timeout ${LB_TIMEOUT:-200} python3 benchmarks/loader_bench.py --repeat ${LOADER_REPEAT:-1} --json "$OUT/loader_bench.json" 2>&1 | tail -10
   ;;

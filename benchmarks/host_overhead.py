@@ -7,7 +7,7 @@ import torch
 import kernelkit
 from kernelkit import ops
 from kernelkit.jit import fastcall
-from kernelkit.harness.bench import host_overhead_us as H
+from kernelkit.harness.timing import host_overhead_us as H
 
 dev = "cuda"
 one = torch.ones(1, device=dev)

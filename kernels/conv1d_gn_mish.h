@@ -82,42 +82,106 @@ cudaError_t conv_gn_mish_direct_cuda(const float* x, const float* w, const Conv1
 #ifdef KERNELKIT_BINDING
 #include <kernelkit/torch_glue.h>
 
+#include <sstream>
+#include <string>
+
 namespace kk {
 
 constexpr const char* kConvOp = "conv1d_gn_mish";
+
+// The values of the op's `impl` argument; conv1d_gn_mish_config() reports them to Python by name.
 enum Conv1dImpl : int64_t { kConvAuto = 0, kConvFused = 1, kConvCudnn = 2, kConvDirect = 3 };
+struct Conv1dImplName {
+  Conv1dImpl code;
+  const char* name;
+  const char* what;
+};
+constexpr Conv1dImplName kConvImpls[] = {
+    {kConvAuto, "auto", "the direct kernel for few taps, else the faster of fused and cudnn by the cost model"},
+    {kConvFused, "fused", "split conv kernel + GroupNorm kernel"},
+    {kConvCudnn, "cudnn", "cuDNN conv + fused epilogue"},
+    {kConvDirect, "direct", "one kernel computing the conv per output"},
+};
+
 // impl=auto computes the convolution in the GroupNorm kernel up to this many taps (Cin * K) while one
 // block's share (a group's Cout / groups * L outputs times the taps) stays within kConvDirectMaxBlockMacs.
 constexpr int64_t kConvDirectMaxTaps = 64;
 constexpr int64_t kConvDirectMaxBlockMacs = int64_t{1} << 20;
 
-// Beyond that, auto takes the faster of the split kernel and cuDNN by a cost model fitted to both (float32,
-// the U-Net's ten shapes at batch 1 to 128, both weight layouts, H200; checked on the H100): with
-// W = Cout * Cin * K weights and MACs = W * B * L,
-//  - split kernel: 14 us + MACs / (4.8 MACs per ps; 4.4 reading a channels-last weight);
-//  - cuDNN, contiguous weight: 21 us + 11 us per million weights (it transposes the filter on every call);
-//  - cuDNN, channels-last weight: 20 us + 2.5 us per million weights; below 2^19 weights its algorithm
-//    takes ~33 us whatever the size;
-//  - from 2^21 channels-last weights cuDNN wins at any batch: there the split kernel, short of output
-//    columns, is bound by reading the weight in short runs.
-// Fit and accuracy: docs/performance.md ("Cost model").
-constexpr int64_t kConvCudnnSmallFilter = int64_t{1} << 19;
-constexpr int64_t kConvCudnnAlwaysChannelsLast = int64_t{1} << 21;
+// Beyond that, auto takes the faster of the split kernel and cuDNN by this cost model, fitted to both
+// (float32, the U-Net's ten shapes at batch 1 to 128, both weight layouts; fit, accuracy and the GPU in
+// docs/performance.md, "Cost model"; examples/diffusion_policy/refit_cost_model.py re-fits it). With
+// W = Cout * Cin * K weights and MACs = W * B * L:
+//   split kernel:                 split_fixed_us + MACs / split_macs_per_ps (..._cl for a channels-last W)
+//   cuDNN, contiguous W:          cudnn_fixed_us + cudnn_us_per_mweight * W / 1e6 (it transposes W per call)
+//   cuDNN, channels-last W:       cudnn_cl_fixed_us + cudnn_cl_us_per_mweight * W / 1e6, but
+//                                 cudnn_cl_small_us below cudnn_cl_small_filter weights, and the winner at
+//                                 any batch from cudnn_cl_always_weights (the split kernel, short of output
+//                                 columns, is then bound by reading W in short runs).
+struct ConvCostModel {
+  double split_fixed_us;           // us, split kernel at zero work
+  double split_macs_per_ps;        // MACs per picosecond, split kernel, contiguous W
+  double split_macs_per_ps_cl;     // MACs per picosecond, split kernel, channels-last W
+  double cudnn_fixed_us;           // us, cuDNN with a contiguous W at zero weights
+  double cudnn_us_per_mweight;     // us per million weights, cuDNN with a contiguous W
+  double cudnn_cl_fixed_us;        // us, cuDNN with a channels-last W at zero weights
+  double cudnn_cl_us_per_mweight;  // us per million weights, cuDNN with a channels-last W
+  double cudnn_cl_small_us;        // us, cuDNN with a channels-last W below cudnn_cl_small_filter weights
+  int64_t cudnn_cl_small_filter;   // weights: below this cuDNN's channels-last algorithm is slow, so
+                                   // weights this small are best stored contiguous (the layout threshold)
+  int64_t cudnn_cl_always_weights; // weights: from this many on, cuDNN with a channels-last W always wins
+};
+constexpr ConvCostModel kConvCost{14.0, 4.8, 4.4, 21.0, 11.0, 20.0, 2.5, 33.0, int64_t{1} << 19, int64_t{1} << 21};
+
+// Predicted time (us) of each path for a convolution of `weights` weights and `macs` multiply-adds.
+inline double conv_split_us(const ConvCostModel& c, double macs, bool w_channels_last) {
+  return c.split_fixed_us + macs / ((w_channels_last ? c.split_macs_per_ps_cl : c.split_macs_per_ps) * 1e6);
+}
+inline double conv_cudnn_us(const ConvCostModel& c, int64_t weights, bool w_channels_last) {
+  const double mw = static_cast<double>(weights) * 1e-6;
+  if (!w_channels_last) return c.cudnn_fixed_us + c.cudnn_us_per_mweight * mw;
+  if (weights < c.cudnn_cl_small_filter) return c.cudnn_cl_small_us;
+  return c.cudnn_cl_fixed_us + c.cudnn_cl_us_per_mweight * mw;
+}
 
 inline Conv1dImpl conv_pick_impl(int64_t impl, int64_t B, int64_t Cin, int64_t Cout, int64_t L, int64_t K,
                                  int64_t groups, bool w_channels_last) {
   if (impl != kConvAuto) return static_cast<Conv1dImpl>(impl);
   if (Cin * K <= kConvDirectMaxTaps && Cout / groups * L * Cin * K <= kConvDirectMaxBlockMacs) return kConvDirect;
   const int64_t weights = Cout * Cin * K;
-  const double w = static_cast<double>(weights), macs = w * static_cast<double>(B * L);
-  // MACs beyond which cuDNN is faster: (its time - 14 us) * the split kernel's rate
-  double cudnn_from;
-  if (!w_channels_last) cudnn_from = 4.8e6 * (21.0 - 14.0 + 11e-6 * w);
-  else if (weights >= kConvCudnnAlwaysChannelsLast) cudnn_from = 0.0;
-  else if (weights >= kConvCudnnSmallFilter) cudnn_from = 4.4e6 * (20.0 - 14.0 + 2.5e-6 * w);
-  else cudnn_from = 4.4e6 * (33.0 - 14.0);
-  return macs >= cudnn_from ? kConvCudnn : kConvFused;
+  if (w_channels_last && weights >= kConvCost.cudnn_cl_always_weights) return kConvCudnn;
+  const double macs = static_cast<double>(weights) * static_cast<double>(B * L);
+  return conv_cudnn_us(kConvCost, weights, w_channels_last) <= conv_split_us(kConvCost, macs, w_channels_last)
+             ? kConvCudnn
+             : kConvFused;
 }
+
+// The constants Python needs, as "key=value;..." (kernels/conv1d_gn_mish.py parses it): impl.<name>=<code>,
+// the cost model's fields as cost.<field>, and channels_last_min_weights (the layout threshold).
+inline std::string conv1d_gn_mish_config() {
+  std::ostringstream s;
+  s.precision(17);
+  for (const auto& i : kConvImpls) s << "impl." << i.name << "=" << static_cast<int64_t>(i.code) << ";";
+  const ConvCostModel& c = kConvCost;
+  s << "cost.split_fixed_us=" << c.split_fixed_us << ";cost.split_macs_per_ps=" << c.split_macs_per_ps
+    << ";cost.split_macs_per_ps_cl=" << c.split_macs_per_ps_cl << ";cost.cudnn_fixed_us=" << c.cudnn_fixed_us
+    << ";cost.cudnn_us_per_mweight=" << c.cudnn_us_per_mweight << ";cost.cudnn_cl_fixed_us=" << c.cudnn_cl_fixed_us
+    << ";cost.cudnn_cl_us_per_mweight=" << c.cudnn_cl_us_per_mweight << ";cost.cudnn_cl_small_us="
+    << c.cudnn_cl_small_us << ";cost.cudnn_cl_small_filter=" << c.cudnn_cl_small_filter
+    << ";cost.cudnn_cl_always_weights=" << c.cudnn_cl_always_weights
+    << ";channels_last_min_weights=" << c.cudnn_cl_small_filter << ";direct_max_taps=" << kConvDirectMaxTaps;
+  return s.str();
+}
+
+// "0 (auto: ...), 1 (fused: ...), ..." for the message of a bad impl.
+inline std::string conv_impl_choices() {
+  std::ostringstream s;
+  for (const auto& i : kConvImpls) {
+    s << (i.code == kConvAuto ? "" : ", ") << static_cast<int64_t>(i.code) << " (" << i.name << ": " << i.what << ")";
+  }
+  return s.str();
+}
+
 constexpr int64_t kConvMaxK = 255;
 constexpr int64_t kConvMaxBlocks = 0x7fffffff;  // gridDim.x limit
 
@@ -184,8 +248,8 @@ inline at::Tensor conv1d_gn_mish(const at::Tensor& x, const at::Tensor& weight, 
     TORCH_CHECK(residual->sizes() == at::IntArrayRef({B, Cout, L}), op, ": residual must have shape (B, Cout, L) = (", B,
                 ", ", Cout, ", ", L, "), got ", residual->sizes());
   }
-  TORCH_CHECK(impl >= kConvAuto && impl <= kConvDirect, op, ": impl must be 0 (auto), 1 (fused: split conv kernel + "
-              "GroupNorm kernel), 2 (cuDNN conv + fused epilogue) or 3 (direct: one kernel), got ", impl);
+  TORCH_CHECK(impl >= kConvAuto && impl <= kConvDirect, op, ": impl must be one of ", conv_impl_choices(), "; got ",
+              impl);
   TORCH_CHECK(!x.is_cuda() || x.scalar_type() == at::kFloat, op, ": the CUDA kernel supports float32 only, got ",
               x.scalar_type());
   if (B * Cout * L == 0) return at::empty({B, Cout, L}, x.options());
@@ -195,7 +259,8 @@ inline at::Tensor conv1d_gn_mish(const at::Tensor& x, const at::Tensor& weight, 
               " on CUDA (a block per batch and group), got ", B, " * ", groups);
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty({B, Cout, L}, x.options());
-  // W stored (Cout, K, Cin), as kernelkit.diffusion.use_kernelkit keeps it: every path reads it in place
+  // W stored (Cout, K, Cin) (channels_last_weight; examples/diffusion_policy stores large filters so): every
+  // path reads it in place
   // and cuDNN gets it as a channels-last filter (it transposes a (Cout, Cin, K) one on every call).
   const bool w_cl = conv_weight_channels_last(weight);
   const at::Tensor xc = x.contiguous(), wc = w_cl ? weight : weight.contiguous();
@@ -257,9 +322,8 @@ inline at::Tensor conv1d_gn_mish(const at::Tensor& x, const at::Tensor& weight, 
 KERNELKIT_LIBRARY(m) {
   m.def("conv1d_gn_mish(Tensor x, Tensor weight, Tensor? bias, Tensor gamma, Tensor beta, int groups=8, "
         "float eps=1e-05, Tensor? scale=None, Tensor? shift=None, Tensor? residual=None, int impl=0) -> Tensor");
-  m.impl("conv1d_gn_mish", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(kk::conv1d_gn_mish)));
-#ifdef KERNELKIT_WITH_CUDA
-  m.impl("conv1d_gn_mish", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(kk::conv1d_gn_mish)));
-#endif
+  KK_IMPL_CPU_CUDA(m, "conv1d_gn_mish", kk::conv1d_gn_mish);
+  kk::impl_autograd<kk::NoGrad>(m, "conv1d_gn_mish");  // no backward: inputs that require grad are refused
+  m.def("conv1d_gn_mish_config() -> str", &kk::conv1d_gn_mish_config);
 }
 #endif  // KERNELKIT_BINDING

@@ -126,6 +126,8 @@ void ddpm_step_cpu(const at::Tensor& out, const at::Tensor& eps, const at::Tenso
 inline at::Tensor ddpm_step_impl(const at::Tensor& model_output, const at::Tensor& timestep, const at::Tensor& sample,
                                  const at::Tensor& coeffs, const std::optional<at::Tensor>& noise, double clip,
                                  const std::optional<at::Generator>& generator) {
+  TORCH_CHECK(clip >= 0, kDdpmOp, ": clip_sample_range must be >= 0 (x0 is clamped to [-r, r]; inf turns clipping off), got ",
+              clip);  // NaN fails too
   const auto checked = ddpm_check(model_output, timestep, sample, coeffs);  // (no structured binding: lambdas use them)
   const at::Tensor& eps = checked.first;
   const at::Tensor& x = checked.second;
@@ -184,11 +186,9 @@ KERNELKIT_LIBRARY(m) {
   m.def("ddpm_step_philox(Tensor model_output, Tensor timestep, Tensor sample, Tensor coeffs, "
         "float clip_sample_range=1.0, *, Generator? generator=None) -> Tensor",
         {at::Tag::nondeterministic_seeded});
-  m.impl("ddpm_step", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(kk::ddpm_step)));
-  m.impl("ddpm_step_philox", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(kk::ddpm_step_philox)));
-#ifdef KERNELKIT_WITH_CUDA
-  m.impl("ddpm_step", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(kk::ddpm_step)));
-  m.impl("ddpm_step_philox", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(kk::ddpm_step_philox)));
-#endif
+  KK_IMPL_CPU_CUDA(m, "ddpm_step", kk::ddpm_step);
+  KK_IMPL_CPU_CUDA(m, "ddpm_step_philox", kk::ddpm_step_philox);
+  kk::impl_autograd<kk::NoGrad>(m, "ddpm_step");
+  kk::impl_autograd<kk::NoGrad>(m, "ddpm_step_philox");
 }
 #endif  // KERNELKIT_BINDING

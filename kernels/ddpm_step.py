@@ -1,8 +1,10 @@
-"""ddpm_step card: the fused DDPMScheduler.step (spec, fake kernels). Public functions: kernelkit.diffusion."""
+"""ddpm_step card: the fused DDPMScheduler.step (spec, fake kernels, and the public function :func:`ddpm_step`,
+which ``SPEC.op`` points at)."""
+from typing import Optional
+
 import torch
 
 import kernelkit
-from kernelkit import diffusion
 from kernelkit import ops as _ops
 from kernelkit.reference.ddpm_step import NUM_COLS, DDPMScheduler
 from kernelkit.reference.ddpm_step import ddpm_step as reference
@@ -15,6 +17,27 @@ def coefficient_table(device) -> torch.Tensor:
     if device not in _TABLES:
         _TABLES[device] = DDPMScheduler(num_train_timesteps=100).coefficients(device)
     return _TABLES[device]
+
+
+def ddpm_step(model_output: torch.Tensor, timestep: torch.Tensor, sample: torch.Tensor, coeffs: torch.Tensor,
+              noise: Optional[torch.Tensor] = None, *, clip_sample_range: float = 1.0,
+              generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """One DDPMScheduler.step (epsilon prediction, clip_sample, fixed_small variance) in one kernel.
+
+    Args:
+        model_output: predicted noise, same shape/dtype/device as ``sample`` (float32/64/16, bfloat16).
+        timestep: 1-element int64 tensor on the device of ``sample`` holding the current train timestep
+            (read by the kernel: no host sync, so a whole loop can be captured in a CUDA graph). A timestep
+            outside the table, or one the schedule never visits, gives NaN.
+        coeffs: the schedule's (T, 5) float32 table, ``reference.ddpm_step.DDPMScheduler(...).coefficients(device)``.
+        noise: the variance noise z (ignored at t = 0); None draws it in the kernel with Philox from
+            ``generator`` (default CUDA generator): graph-safe, each replay draws new numbers.
+        clip_sample_range: x0 is clamped to [-r, r] (``inf`` disables clipping).
+    """
+    if noise is not None:
+        return _ops._op("ddpm_step", "ddpm_step")(model_output, timestep, sample, coeffs, noise, clip_sample_range)
+    return _ops._op("ddpm_step", "ddpm_step_philox")(model_output, timestep, sample, coeffs, clip_sample_range,
+                                                     generator=generator)
 
 
 def make_inputs(shape, dtype=torch.float32, device="cpu", generator=None):
@@ -37,7 +60,7 @@ SPEC = kernelkit.Spec(
     name="ddpm_step",
     reference=reference,
     make_inputs=make_inputs,
-    op=diffusion.ddpm_step,  # kernelkit.ops has no per-card wrapper for it
+    op=ddpm_step,
     shapes=((1, 16, 2), (64, 16, 2), (7,), (1023,), (4097,), (0,), (3, 5, 7)),
     bench_sizes=((1, 16, 2), (64, 16, 2), (256, 16, 7), (1 << 20,), (1 << 24,)),
     bytes_moved=bytes_moved,
@@ -48,7 +71,7 @@ SPEC = kernelkit.Spec(
 
 def _check(model_output, timestep, sample, coeffs, noise=None):
     op = "ddpm_step"
-    _ops._check_pair(op, sample, "sample", model_output, "model_output")
+    kernelkit.check_pair(op, sample, "sample", model_output, "model_output")
     if model_output.shape != sample.shape:
         raise RuntimeError(f"{op}: model_output must have the shape of sample {list(sample.shape)}, got "
                            f"{list(model_output.shape)}")
@@ -61,20 +84,27 @@ def _check(model_output, timestep, sample, coeffs, noise=None):
         raise RuntimeError(f"{op}: coeffs must be a float32 (T, {NUM_COLS}) table on {sample.device}, got {coeffs.dtype} "
                            f"of shape {list(coeffs.shape)} on {coeffs.device}")
     if noise is not None:
-        _ops._check_pair(op, sample, "sample", noise, "noise")
+        kernelkit.check_pair(op, sample, "sample", noise, "noise")
         if noise.shape != sample.shape:
             raise RuntimeError(f"{op}: noise must have the shape of sample {list(sample.shape)}, got {list(noise.shape)}")
+
+
+def _check_clip(clip_sample_range):
+    if not clip_sample_range >= 0:  # NaN too
+        raise RuntimeError(f"ddpm_step: clip_sample_range must be >= 0 (x0 is clamped to [-r, r]; inf turns clipping "
+                           f"off), got {clip_sample_range}")
 
 
 def setup(lib):
     @torch.library.register_fake(lib.qualname("ddpm_step"))
     def _(model_output, timestep, sample, coeffs, noise, clip_sample_range=1.0):
+        _check_clip(clip_sample_range)
         _check(model_output, timestep, sample, coeffs, noise)
         return sample.new_empty(sample.shape)
 
     @torch.library.register_fake(lib.qualname("ddpm_step_philox"))
     def _(model_output, timestep, sample, coeffs, clip_sample_range=1.0, *, generator=None):
+        _check_clip(clip_sample_range)
         _check(model_output, timestep, sample, coeffs)
         return sample.new_empty(sample.shape)
 
-    _ops._bind(lib, ("ddpm_step", "ddpm_step_philox"))

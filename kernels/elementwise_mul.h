@@ -3,18 +3,13 @@
 // needed ones) reuses this op for the products, so double backward works too.
 #pragma once
 
-#include <cstdint>
-
-#include <kernelkit/dtype.cuh>
+#include <kernelkit/elementwise.h>
 
 namespace kk {
 
 template <typename A> struct MulOp {
   KK_HD A operator()(A a, A b) const { return a * b; }
 };
-
-// out[i] = a[i] * b[i] for i < n, on `stream`. `out` may alias a or b exactly.
-template <typename T> cudaError_t elementwise_mul_cuda(const T* a, const T* b, T* out, int64_t n, cudaStream_t stream);
 
 }  // namespace kk
 
@@ -24,8 +19,7 @@ template <typename T> cudaError_t elementwise_mul_cuda(const T* a, const T* b, T
 namespace kk {
 
 inline at::Tensor elementwise_mul(const at::Tensor& a, const at::Tensor& b) {
-  return binary_elementwise<MulOp>("elementwise_mul", a, "a", b, "b",
-                                   [](auto... args) { return elementwise_mul_cuda(args...); });
+  return binary_elementwise<MulOp>("elementwise_mul", a, "a", b, "b");
 }
 
 struct MulAutograd : torch::autograd::Function<MulAutograd> {
@@ -56,10 +50,7 @@ struct MulAutograd : torch::autograd::Function<MulAutograd> {
 
 KERNELKIT_LIBRARY(m) {
   m.def("elementwise_mul(Tensor a, Tensor b) -> Tensor");
-  m.impl("elementwise_mul", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(kk::elementwise_mul)));
+  KK_IMPL_CPU_CUDA(m, "elementwise_mul", kk::elementwise_mul);
   kk::impl_autograd<kk::MulAutograd>(m, "elementwise_mul");
-#ifdef KERNELKIT_WITH_CUDA
-  m.impl("elementwise_mul", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(kk::elementwise_mul)));
-#endif
 }
 #endif  // KERNELKIT_BINDING

@@ -91,11 +91,9 @@ KERNELKIT_LIBRARY(m) {
         {at::Tag::nondeterministic_seeded});
   m.def("sample_normal_out(Tensor mu, Tensor sigma, Tensor(a!) out, *, Generator? generator=None) -> ()",
         {at::Tag::nondeterministic_seeded});
-  m.impl("sample_normal", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(kk::sample_normal)));
-  m.impl("sample_normal_out", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(kk::sample_normal_out)));
-#ifdef KERNELKIT_WITH_CUDA
-  m.impl("sample_normal", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(kk::sample_normal)));
-  m.impl("sample_normal_out", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(kk::sample_normal_out)));
-#endif
+  KK_IMPL_CPU_CUDA(m, "sample_normal", kk::sample_normal);
+  KK_IMPL_CPU_CUDA(m, "sample_normal_out", kk::sample_normal_out);
+  kk::impl_autograd<kk::NoGrad>(m, "sample_normal");
+  kk::impl_autograd<kk::NoGrad>(m, "sample_normal_out");
 }
 #endif  // KERNELKIT_BINDING

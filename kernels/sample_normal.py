@@ -2,7 +2,6 @@
 import torch
 
 import kernelkit
-from kernelkit import ops as _ops
 from kernelkit.reference.sample_normal import sample_normal as reference
 from kernelkit.reference.sample_normal import target
 
@@ -48,16 +47,15 @@ def setup(lib):
     @torch.library.register_fake(lib.qualname("sample_normal_out"))
     def _(mu, sigma, out, *, generator=None):
         _check(mu, sigma)
-        _ops._check_pair("sample_normal", mu, "mu", out, "out")
+        kernelkit.check_pair("sample_normal", mu, "mu", out, "out")
         if out.dim() != 2 or out.shape[0] != mu.shape[0]:
             raise RuntimeError(f"sample_normal: out must have shape ({mu.shape[0]}, n), got {list(out.shape)}")
         return None
 
-    _ops._bind(lib, ("sample_normal", "sample_normal_out"))
 
 
 def _check(mu, sigma):
-    _ops._check_pair("sample_normal", mu, "mu", sigma, "sigma")
+    kernelkit.check_pair("sample_normal", mu, "mu", sigma, "sigma")
     if mu.dim() != 1:
         raise RuntimeError(f"sample_normal: mu must be 1-D (d,), got shape {list(mu.shape)}")
     if sigma.shape != mu.shape:

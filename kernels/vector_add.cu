@@ -1,4 +1,4 @@
-// vector_add device code: out = a + alpha * b over contiguous buffers (see common/elementwise.cuh).
+// vector_add device code: out = a + alpha * b over contiguous buffers (see <kernelkit/elementwise.cuh>).
 #include <kernelkit/elementwise.cuh>
 #include "vector_add.h"
 

@@ -88,12 +88,8 @@ struct AddAutograd : torch::autograd::Function<AddAutograd> {
 KERNELKIT_LIBRARY(m) {
   m.def("vector_add(Tensor a, Tensor b, Scalar alpha=1) -> Tensor");
   m.def("vector_add_out(Tensor a, Tensor b, Scalar alpha, Tensor(a!) out) -> ()");
-  m.impl("vector_add", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(kk::vector_add)));
-  m.impl("vector_add_out", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(kk::vector_add_out)));
+  KK_IMPL_CPU_CUDA(m, "vector_add", kk::vector_add);
+  KK_IMPL_CPU_CUDA(m, "vector_add_out", kk::vector_add_out);
   kk::impl_autograd<kk::AddAutograd>(m, "vector_add");
-#ifdef KERNELKIT_WITH_CUDA
-  m.impl("vector_add", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(kk::vector_add)));
-  m.impl("vector_add_out", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(kk::vector_add_out)));
-#endif
 }
 #endif  // KERNELKIT_BINDING

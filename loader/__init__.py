@@ -17,6 +17,8 @@ _EXPORTS = {
     "load_inline": ("jit.api", "load_inline"),
     "refresh": ("jit.api", "refresh"),
     "reload": ("jit.api", "reload"),
+    "load_kernels": ("instant.kernels", "load_kernels"),
+    "KernelModule": ("instant.kernels", "KernelModule"),
     "STATS": ("jit.build", "STATS"),
     "cache_dir": ("jit.cache", "cache_dir"),
     "Card": ("jit.cards", "Card"),
@@ -30,13 +32,26 @@ _EXPORTS = {
     "Spec": ("harness.spec", "Spec"),
     "BenchResult": ("harness.bench", "BenchResult"),
     "bench": ("harness.bench", "bench"),
-    "CheckError": ("harness.check", "CheckError"),
-    "CheckResult": ("harness.check", "CheckResult"),
+    "CheckError": ("harness.results", "CheckError"),
+    "CheckResult": ("harness.results", "CheckResult"),
     "check": ("harness.check", "check"),
+    "ELEMENTWISE_BENCH_SIZES": ("cardkit", "ELEMENTWISE_BENCH_SIZES"),
+    "ELEMENTWISE_SHAPES": ("cardkit", "ELEMENTWISE_SHAPES"),
+    "check_floating": ("cardkit", "check_floating"),
+    "check_pair": ("cardkit", "check_pair"),
+    "current_op": ("cardkit", "current_op"),
+    "default_bytes_moved": ("cardkit", "default_bytes_moved"),
+    "elementwise_inputs": ("cardkit", "elementwise_inputs"),
+    "fake_binary": ("cardkit", "fake_binary"),
+    "fake_unary": ("cardkit", "fake_unary"),
+    "randn": ("cardkit", "randn"),
+    "register_elementwise_fakes": ("cardkit", "register_elementwise_fakes"),
+    "uniform": ("cardkit", "uniform"),
 }
 #: public submodules reachable as attributes (``kernelkit.ops.sigmoid``), imported on first use
 _SUBMODULES = {"ops": "ops", "cpp_extension": "cpp_extension", "aot": "aot", "errors": "errors",
-               "jit": "jit", "harness": "harness", "frontends": "frontends", "magic": "frontends.magic"}
+               "jit": "jit", "harness": "harness", "cardkit": "cardkit", "frontends": "frontends", "magic": "frontends.magic",
+               "inspect": "inspect"}
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "load_ipython_extension", "__version__"])
 

@@ -10,6 +10,11 @@ class KernelkitError(RuntimeError):
     """Base class of kernelkit's errors."""
 
 
+class SpecError(KernelkitError):
+    """A card's spec file (or a module it imports) raised while it was imported; the message names the file
+    and line, ``__cause__`` is the original exception."""
+
+
 class CacheSecurityError(KernelkitError):
     """A cache entry is owned by another user or writable by others: it is never loaded."""
 
@@ -109,11 +114,24 @@ _GCC = re.compile(r"^(?P<file>[^\s:][^:\n]*):(?P<line>\d+):(?:(?P<col>\d+):)? (?
 _NVCC = re.compile(r"^(?P<file>[^\n(]+)\((?P<line>\d+)\): (?P<sev>error|warning|catastrophic error)(?: #[\w-]+(?:-D)?)?: (?P<msg>.*)$")
 
 
+def _file_lines(path: str, read: Dict[str, Optional[List[str]]]) -> Optional[List[str]]:
+    """The lines of a file the compiler names that is not a planned source (a header), read once per log."""
+    if path not in read:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                read[path] = f.read().splitlines()
+        except OSError:
+            read[path] = None
+    return read[path]
+
+
 def parse_diagnostics(log: str, display: Dict[str, str], texts: Dict[str, List[str]]) -> List[Diagnostic]:
     """Parse a compiler log. ``display`` maps paths as the compiler prints them to the names the user
-    knows; ``texts`` maps those display names to the source lines used to quote the offending line."""
+    knows; ``texts`` maps those display names to the source lines used to quote the offending line (a
+    file not among them, such as a header, is read from disk for that)."""
     diags: List[Diagnostic] = []
     seen = set()
+    read: Dict[str, Optional[List[str]]] = {}
     for raw in log.splitlines():
         m = _GCC.match(raw) or _NVCC.match(raw)
         if not m:
@@ -131,7 +149,7 @@ def parse_diagnostics(log: str, display: Dict[str, str], texts: Dict[str, List[s
         if key in seen:  # nvcc repeats host-side errors once per compilation pass
             continue
         seen.add(key)
-        src = texts.get(shown)
+        src = texts[shown] if shown in texts else _file_lines(path, read)
         quoted = src[line - 1] if src is not None and 0 < line <= len(src) else None
         diags.append(Diagnostic(shown, line, col, sev, m.group("msg").strip(), quoted))
     return diags

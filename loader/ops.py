@@ -1,83 +1,43 @@
-"""kernelkit.ops: the built-in kernel cards as plain Python functions.
+"""kernelkit.ops: every card's ops as plain Python functions.
 
-Each function calls the torch op of the newest loaded build of its card (``kernels/<op>.cu`` +
-``kernels/<op>.h``). The card is built and loaded on the first call (a few seconds the first time, then
-from the cache); ``kernelkit.load("<op>")`` after editing the card hot-reloads it and later calls run the
-new code. The ops are real torch ops: autograd (where differentiable), ``torch.compile(fullgraph=True)``
-(no graph breaks) and CUDA graphs work.
+``kernelkit.ops.<name>`` is the op ``<name>`` of the card ``<name>`` (or of the card whose name is a prefix of
+it, e.g. ``sigmoid_backward`` of ``sigmoid``), wherever the card lives: built in, on ``KERNELKIT_PATH``, or
+loaded from ``kernels_dir=``. Each call runs the card's current build (``kernels/<op>.cu`` +
+``kernels/<op>.h``): the card is built and loaded on the first call (a few seconds the first time, then from
+the cache), and ``kernelkit.load("<op>")`` after an edit hot-reloads it for the next call. The ops are real
+torch ops: autograd (where the card registers it), ``torch.compile(fullgraph=True)`` (no graph breaks) and
+CUDA graphs work. Functions written out below exist where a card wants a Python-side signature.
 
     >>> import torch, kernelkit
     >>> kernelkit.ops.sigmoid(torch.randn(1000, device="cuda"))
 """
 from __future__ import annotations
 
-import threading
-from typing import Dict, Optional, Sequence
+from typing import Callable, Dict, List, Optional
 
 import torch
 
-from .jit import api, fastcall
+from .errors import KernelkitError
+from .jit import api, registry
+from .jit.cards import find as _find_card
+from .jit.cards import search_path as _search_path
 
-__all__ = ["vector_add", "elementwise_mul", "sigmoid", "sigmoid_backward", "sample_normal"]
+__all__ = ["vector_add", "sample_normal"]
 
-# card name -> {op name: OpOverload} of the build kernelkit.ops currently calls; a plain dict so that
-# torch.compile guards on it (a reload triggers a recompile, not a stale op).
-_CURRENT: Dict[str, Dict[str, torch._ops.OpOverload]] = {}
-# card name -> {op name: its eager callable}: kernelkit.fastcall's (Python arguments straight to the
-# dispatcher), else the OpOverload's C++ callable. Always the loader's newest build of the card: a new
-# build's setup() binds it (_bind), and the loader's on_activate hook rebinds when it switches back to an
-# earlier build.
-_FAST: Dict[str, Dict[str, object]] = {}
-# namespace -> op names its card's setup() bound (to rebind that build without running setup again).
-_BOUND_NS: Dict[str, Sequence[str]] = {}
-_BIND_LOCK = threading.Lock()  # _bind (any thread that loads a card) vs _use_fastcall (the builder thread)
+# the registry's own dicts (the loader keeps them current): torch.compile guards on _CURRENT's entries
+_CURRENT = registry.CURRENT
+_FAST = registry.FAST
 
 
-def _bind(lib, op_names: Sequence[str]) -> None:
-    """Point the public functions of card ``lib.name`` at ``lib``'s ops.
-
-    Called by each card's ``setup(lib)`` (kernels/<op>.py), which the loader runs after every new build.
-    """
-    ops = lib.ops
-    overloads = {name: getattr(ops, name).default for name in op_names}
-    with _BIND_LOCK:
-        _CURRENT[lib.name] = overloads
-        _FAST[lib.name] = _callables(overloads)
-        _BOUND_NS[lib.ns] = tuple(op_names)
-
-
-def _callables(overloads: Dict[str, torch._ops.OpOverload]) -> Dict[str, object]:
-    """The eager callables of ``overloads`` (fastcall's where its module is loaded)."""
-    return {name: fastcall.wrap(ov) for name, ov in overloads.items()}
-
-
-def _use_fastcall() -> None:
-    """Rebind every card's ops to the fast call path (run by kernelkit.fastcall once its module loads)."""
-    with _BIND_LOCK:
-        for card, overloads in _CURRENT.items():
-            _FAST[card] = _callables(overloads)
-
-
-def _on_activate(lib) -> None:
-    if lib.ns in _BOUND_NS:
-        _bind(lib, _BOUND_NS[lib.ns])
-
-
-def _sync(card: str):
-    """Bind the card's newest build (kernelkit.library: loaded, and set up, on first use); return it."""
-    lib = api.library(card)
-    if lib.ns in _BOUND_NS:
-        _bind(lib, _BOUND_NS[lib.ns])
-        return lib
-    module = lib.card.module() if getattr(lib, "card", None) is not None else None
-    if module is None or not hasattr(module, "setup"):
-        raise RuntimeError(f"kernelkit.ops: card {card!r} has no setup(lib) that binds its ops")
-    module.setup(lib)  # normally already run by the loader; binds via _bind
-    return lib
+def _sync(card: str) -> Dict[str, object]:
+    """Bind the card's current build (loaded, and set up, on first use); return its eager callables."""
+    fns = _FAST.get(card)
+    return fns if fns is not None else registry.bind(api.library(card))
 
 
 def _namespace(card: str) -> str:
-    return _sync(card).ns
+    _sync(card)
+    return registry.latest(card).ns
 
 
 # Under torch.compile Dynamo runs this at trace time as an opaque call with a constant result, instead of
@@ -91,59 +51,90 @@ _is_compiling = torch.compiler.is_compiling
 
 
 def _op(card: str, op: str):
-    """The callable for ``op`` of ``card``'s newest build: the OpOverload under torch.compile, its C++
-    callable in eager (two dict lookups: this is on every call's path)."""
+    """The callable for ``op`` of ``card``'s current build: the OpOverload under torch.compile, its C++
+    callable in eager."""
     if _is_compiling():
         _namespace_for_trace(card)  # syncs/loads the card before Dynamo reads (and guards on) _CURRENT
         return _CURRENT[card][op]
-    fns = _FAST.get(card)
-    if fns is None:
-        _sync(card)
-        fns = _FAST[card]
-    return fns[op]
+    fn = _sync(card).get(op)
+    if fn is None:
+        lib = registry.latest(card)
+        raise AttributeError(f"kernelkit.ops.{op}: card {card!r} ({lib.card.dir if lib.card else 'inline'}) "
+                             f"defines no op {op!r}; it defines: {', '.join(lib.op_names()) or 'none'}")
+    return fn
 
 
-def _register_hook() -> None:
-    api.on_activate(_on_activate)
-    fastcall.on_ready(_use_fastcall)
+def _public(card: str, op: str) -> Callable:
+    """The function ``kernelkit.ops.<op>``: calls op ``op`` of ``card``'s current build on every call."""
+
+    def call(*args, **kwargs):
+        if not _is_compiling():  # the eager path: two dict lookups
+            fns = _FAST.get(card)
+            fn = fns.get(op) if fns is not None else None
+            if fn is not None:
+                return fn(*args, **kwargs)
+        return _op(card, op)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = op
+    call.__module__ = __name__
+    call.__doc__ = (f"The op {op!r} of card {card!r}, its current build (see the card's spec and header for "
+                    "its contract).")
+    return call
 
 
-_register_hook()
+def _candidates(name: str) -> List[str]:
+    """Cards that may define op ``name``: ``name`` itself, then its prefixes ending before an underscore."""
+    return [name] + [name[:i] for i in range(len(name) - 1, 0, -1) if name[i] == "_"]
 
 
-# ----------------------------------------------------------------------------------------------------
-# shape/dtype rules shared by the fake (meta) kernels, mirroring the C++ checks
-
-_FLOATING = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-
-
-def _check_floating(op: str, t: torch.Tensor, name: str) -> None:
-    if t.dtype not in _FLOATING:
-        raise RuntimeError(f"{op}: {name} must be a float32, float64, float16 or bfloat16 tensor, got {t.dtype}")
-
-
-def _check_pair(op: str, a: torch.Tensor, an: str, b: torch.Tensor, bn: str) -> None:
-    _check_floating(op, a, an)
-    _check_floating(op, b, bn)
-    if a.device != b.device:
-        raise RuntimeError(f"{op}: {an} and {bn} must be on the same device, got {an} on {a.device} and {bn} on "
-                           f"{b.device}")
-    if a.dtype != b.dtype:
-        raise RuntimeError(f"{op}: {an} and {bn} must have the same dtype, got {an} {a.dtype} and {bn} {b.dtype}")
+def _card_for(name: str) -> Optional[str]:
+    cards = _candidates(name)
+    for card in cards:  # a loaded build first, from whatever directory it was loaded
+        lib = registry.latest(card)
+        if lib is not None and (card == name or name in lib.op_names()):
+            return card
+    for card in cards:
+        try:
+            _find_card(card)
+            return card
+        except (KernelkitError, ValueError):
+            continue
+    return None
 
 
-def _fake_binary(op: str, a: torch.Tensor, an: str, b: torch.Tensor, bn: str) -> torch.Tensor:
-    _check_pair(op, a, an, b, bn)
+def __getattr__(name: str):
+    if name.startswith("_"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    card = _card_for(name)
+    if card is None:
+        dirs = ", ".join(map(str, _search_path()))
+        raise AttributeError(f"kernelkit.ops has no op {name!r}: no loaded card defines it and no card named "
+                             f"{name!r} (or a prefix of it, for ops like <card>_backward) is on the search path "
+                             f"({dirs})")
+    fn = globals()[name] = _card_function(card, name) or _public(card, name)
+    return fn
+
+
+def _card_function(card: str, name: str) -> Optional[Callable]:
+    """The card's own Python function ``name`` (a wrapper with a Python-side signature), if its spec file
+    defines one."""
+    lib = registry.latest(card)
     try:
-        shape = torch.broadcast_shapes(a.shape, b.shape)
-    except RuntimeError:
-        raise RuntimeError(f"{op}: shapes of {an} {tuple(a.shape)} and {bn} {tuple(b.shape)} cannot be broadcast "
-                           "together") from None
-    return a.new_empty(shape)
+        found = lib.card if lib is not None and lib.card is not None else _find_card(card)
+        module = found.module()
+    except (KernelkitError, ValueError):
+        return None
+    fn = getattr(module, name, None) if module is not None else None
+    return fn if callable(fn) and getattr(fn, "__module__", None) == module.__name__ else None
+
+
+def __dir__():
+    loaded = [op for card in list(registry.LATEST) for op in _FAST.get(card, ())]
+    return sorted(set(globals()) | set(loaded))
 
 
 # ----------------------------------------------------------------------------------------------------
-# the public functions
+# the functions with a Python-side signature
 
 
 def vector_add(a: torch.Tensor, b: torch.Tensor, *, alpha=1, out: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -165,32 +156,6 @@ def vector_add(a: torch.Tensor, b: torch.Tensor, *, alpha=1, out: Optional[torch
                            "(inputs or out require grad)")
     _op("vector_add", "vector_add_out")(a, b, alpha, out)
     return out
-
-
-def elementwise_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a * b`` elementwise, broadcasting like :func:`torch.mul` (card ``kernels/elementwise_mul``).
-
-    float32/float64/float16/bfloat16, one dtype and device for both. Differentiable: grad_a = g * b,
-    grad_b = g * a, each summed over the dimensions its input was broadcast along; only the gradients
-    that are needed are computed.
-    """
-    return _op("elementwise_mul", "elementwise_mul")(a, b)
-
-
-def sigmoid(x: torch.Tensor) -> torch.Tensor:
-    """Numerically stable logistic sigmoid (card ``kernels/sigmoid``).
-
-    ``1 / (1 + exp(-x))`` for x >= 0 and ``exp(x) / (1 + exp(x))`` otherwise, so large |x| (e.g. ±1e5)
-    gives exactly 1 or 0, never inf/NaN. float32/float64/float16/bfloat16 (half types computed in
-    float32). Differentiable: the backward is the fused kernel :func:`sigmoid_backward` applied to the
-    saved output.
-    """
-    return _op("sigmoid", "sigmoid")(x)
-
-
-def sigmoid_backward(grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``grad * out * (1 - out)`` in one pass: the gradient of :func:`sigmoid` from its output ``out``."""
-    return _op("sigmoid", "sigmoid_backward")(grad, out)
 
 
 def sample_normal(mu: torch.Tensor, sigma: torch.Tensor, n: int, *, generator: Optional[torch.Generator] = None,

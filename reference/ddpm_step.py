@@ -138,6 +138,8 @@ def ddpm_step(model_output: torch.Tensor, timestep: torch.Tensor, sample: torch.
     device, no host sync), ``noise`` the variance noise (ignored at t = 0). Computed in float32 for
     half/bfloat16 (float64 stays float64), like the kernel. Pure tensor ops: torch.compile and CUDA graphs
     can capture it."""
+    if not clip_sample_range >= 0:  # NaN too; a negative range would clamp with min > max
+        raise ValueError(f"ddpm_step: clip_sample_range must be >= 0, got {clip_sample_range}")
     acc = torch.float64 if sample.dtype == torch.float64 else torch.float32
     t = timestep.reshape(()).long()
     c = coeffs.index_select(0, t.reshape(1)).reshape(NUM_COLS).to(acc)

@@ -9,7 +9,6 @@ reuses the AOT objects. The full wheel of every built-in card is left to benchma
 import json
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import torch
 
 import kernelkit
 from kernelkit import aot
+from kernelkit.jit import prebuilt
 from kernelkit.jit.cards import builtin_dir, find
 from kernelkit.errors import CacheSecurityError
 
@@ -34,6 +34,7 @@ X = torch.tensor([0.0, 1.0, -2.5, 3.0])
 def copy_cards(dst: Path) -> Path:
     """sigmoid (a CUDA card with CPU ops) and affine (a CPU card) in a directory of their own."""
     src = builtin_dir()
+    dst.mkdir(parents=True, exist_ok=True)
     for f in ("sigmoid.cu", "sigmoid.h", "sigmoid.py"):
         shutil.copy(src / f, dst / f)
     return write_affine(dst)
@@ -76,34 +77,34 @@ def built(tmp_path_factory):
 # ------------------------------------------------------------------------------ no compiler needed
 def test_source_key_ignores_compiler_identity_paths_and_arch(tmp_path, monkeypatch):
     a = plan("affine", copy_cards(tmp_path / "a"))
-    key_a = aot.source_key(a)  # (it reads the files: take it before they are edited below)
+    key_a = prebuilt.source_key(a)  # (it reads the files: take it before they are edited below)
     b = plan("affine", copy_cards(tmp_path / "b"))  # another checkout: other paths, same content
-    assert aot.source_key(b) == key_a
+    assert prebuilt.source_key(b) == key_a
     s = plan("sigmoid", tmp_path / "a", arch="8.0;9.0")
-    assert aot.source_key(s) == aot.source_key(plan("sigmoid", tmp_path / "a", arch="9.0"))
-    assert aot.target_archs(s) == ["sm_80", "sm_90"]
+    assert prebuilt.source_key(s) == prebuilt.source_key(plan("sigmoid", tmp_path / "a", arch="9.0"))
+    assert prebuilt.target_archs(s) == ["sm_80", "sm_90"]
     # the local key changes with the compiler's identity; the source key does not
     from kernelkit.jit import toolchain
 
     real = toolchain.fingerprint()
     monkeypatch.setattr(toolchain, "fingerprint", lambda: real.replace("cxx=", "cxx=/other/g++:"))
     moved = plan("affine", tmp_path / "a")
-    assert moved.key != a.key and aot.source_key(moved) == key_a
+    assert moved.key != a.key and prebuilt.source_key(moved) == key_a
     monkeypatch.undo()
     # ...but it does change with flags and with the sources
-    assert aot.source_key(plan("affine", tmp_path / "a", cflags=["-DFOO"])) != key_a
+    assert prebuilt.source_key(plan("affine", tmp_path / "a", cflags=["-DFOO"])) != key_a
     (tmp_path / "a" / "affine_consts.h").write_text("#define SCALE 3.0f\n#define OFFSET 1.0f\n")
-    assert aot.source_key(plan("affine", tmp_path / "a")) != key_a
+    assert prebuilt.source_key(plan("affine", tmp_path / "a")) != key_a
 
 
 def test_arch_coverage():
-    assert aot.covers(["sm_80", "sm_90"], ["sm_90"])
-    assert aot.covers(["sm_80"], ["sm_86"])  # same major, lower minor: binary compatible
-    assert not aot.covers(["sm_80"], ["sm_90"])
-    assert aot.covers(["sm_80", "compute_80"], ["sm_90"])  # PTX, JIT-compiled by the driver
-    assert not aot.covers(["sm_90"], ["sm_90", "compute_90"])  # PTX asked for, none shipped
-    assert not aot.covers(["sm_90"], ["sm_90a"]) and not aot.covers(["sm_90a"], ["sm_90"])
-    assert aot.covers([], [])
+    assert prebuilt.covers(["sm_80", "sm_90"], ["sm_90"])
+    assert prebuilt.covers(["sm_80"], ["sm_86"])  # same major, lower minor: binary compatible
+    assert not prebuilt.covers(["sm_80"], ["sm_90"])
+    assert prebuilt.covers(["sm_80", "compute_80"], ["sm_90"])  # PTX, JIT-compiled by the driver
+    assert not prebuilt.covers(["sm_90"], ["sm_90", "compute_90"])  # PTX asked for, none shipped
+    assert not prebuilt.covers(["sm_90"], ["sm_90a"]) and not prebuilt.covers(["sm_90a"], ["sm_90"])
+    assert prebuilt.covers([], [])
 
 
 def test_setup_py_without_aot_imports_no_torch():
@@ -120,9 +121,9 @@ def test_setup_py_without_aot_imports_no_torch():
 def test_aot_build_writes_entries_with_manifests(built):
     for name, archs in (("sigmoid", ["sm_" + ARCH.replace(".", "")]), ("affine", [])):
         [entry] = built["out"].glob(f"{name}-*")
-        m = aot.read_manifest(entry)
+        m = prebuilt.read_manifest(entry)
         assert m["name"] == name and m["archs"] == archs and entry.name == f"{name}-{m['source_key'][:16]}"
-        assert m["source_key"] == aot.source_key(plan(name, built["cards"]))
+        assert m["source_key"] == prebuilt.source_key(plan(name, built["cards"]))
         assert m["sha256"] == aot.sha256_file(entry / m["so"]) and m["so"] == f"kk_{name}.so"
     print(f"AOT build of sigmoid + affine: {built['seconds']:.1f} s")
 
@@ -197,9 +198,9 @@ def test_stale_prebuilt_is_detected_and_rebuilt_by_jit(built, tmp_path, monkeypa
 def test_prebuilt_for_other_arch_is_not_used(built, tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("KERNELKIT_PREBUILT_PATH", str(built["out"]))
     target = plan("sigmoid", built["cards"], arch="8.0")
-    assert aot.find_prebuilt(target) is None
+    assert prebuilt.find_prebuilt(target) is None
     assert "needs sm_80" in capfd.readouterr().err
-    assert aot.find_prebuilt(plan("sigmoid", built["cards"])) is not None
+    assert prebuilt.find_prebuilt(plan("sigmoid", built["cards"])) is not None
 
 
 READONLY_PROBE = """
@@ -249,20 +250,20 @@ def test_corrupt_or_unsafe_prebuilt_is_never_loaded(built, tmp_path, monkeypatch
     target = plan("affine", built["cards"])
     [entry] = bad.glob("affine-*")
     so = entry / "kk_affine.so"
-    assert aot.find_prebuilt(target) == so.resolve()
+    assert prebuilt.find_prebuilt(target) == so.resolve()
     data = bytearray(so.read_bytes())
     data[len(data) // 2] ^= 0xFF
     so.write_bytes(bytes(data))
-    assert aot.find_prebuilt(target) is None and "sha256" in caplog.text  # corrupt: JIT instead
+    assert prebuilt.find_prebuilt(target) is None and "sha256" in caplog.text  # corrupt: JIT instead
     shutil.copy(built["out"] / entry.name / "kk_affine.so", so)
     os.chmod(so, 0o777)
     with pytest.raises(CacheSecurityError, match="writable by group or others"):
-        aot.find_prebuilt(target)
+        prebuilt.find_prebuilt(target)
     os.chmod(so, 0o755)
     so.unlink()
     so.symlink_to(built["out"] / entry.name / "kk_affine.so")
     with pytest.raises(CacheSecurityError, match="symbolic link"):
-        aot.find_prebuilt(target)
+        prebuilt.find_prebuilt(target)
 
 
 @pytest.mark.slow
@@ -284,7 +285,7 @@ def test_opt_in_wheel_contains_prebuilt_libraries(built, tmp_path):
     libs = [n for n in names if n.startswith("kernelkit/prebuilt/affine-") and n.endswith("kk_affine.so")]
     assert len(libs) == 1 and libs[0].replace("kk_affine.so", "manifest.json") in names, names
     manifest = json.loads(zipfile.ZipFile(whl).read(libs[0].replace("kk_affine.so", "manifest.json")))
-    assert manifest["source_key"] == aot.source_key(plan("affine", built["cards"]))
+    assert manifest["source_key"] == prebuilt.source_key(plan("affine", built["cards"]))
     print(f"wheel (affine, objects reused): {time.perf_counter() - t0:.1f} s")
 
 

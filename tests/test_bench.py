@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from kernelkit import Spec, bench
-from kernelkit.harness.bench import device_bandwidth, paired_ratio, time_fn, time_together
+from kernelkit.harness.bandwidth import device_bandwidth
+from kernelkit.harness.timing import paired_ratio, time_fn, time_together
 from kernelkit.frontends.harness_commands import parse_size
 from fixtures import broken_ops as B
 
@@ -73,7 +74,7 @@ def test_paired_ratio_resolves_what_separate_medians_cannot():
     r = paired_ratio(ours, other)
     assert r.verdict == "faster" and 1.015 < r.lo <= r.median <= r.hi < 1.025, r
     assert str(r).startswith("1.02")
-    from kernelkit.harness.bench import Timing
+    from kernelkit.harness.timing import Timing
 
     a, b = Timing.from_samples(ours, "t"), Timing.from_samples(other, "t")
     assert a.p20_us < b.median_us < a.p80_us  # apart, each one's spread swallows the difference
@@ -196,9 +197,15 @@ def test_bandwidth_measured_once_and_cached(tmp_path, monkeypatch):
     assert 1e8 < bw < 1e13
     files = list(tmp_path.rglob("bandwidth.json"))
     assert len(files) == 1 and "cpu|" in files[0].read_text()
-    # kernelkit.bench is the function; the module is in sys.modules
-    monkeypatch.setattr(sys.modules["kernelkit.harness.bench"], "time_fn", lambda *a, **k: pytest.fail("measured again"))
+    monkeypatch.setattr(sys.modules["kernelkit.harness.bandwidth"], "time_fn", lambda *a, **k: pytest.fail("measured again"))
     assert device_bandwidth("cpu") == bw
+
+
+def test_a_card_outside_the_repository_is_timed_by_name():
+    cards = __import__("pathlib").Path(__file__).parent / "fixtures" / "cards"
+    res = bench("kk_add_skip_last", kernels_dir=cards, sizes=[(256,)], compile=False, budget_ms=2, warmup_ms=1,
+                host_overhead=False, floor=False)
+    assert res.contenders == ["kernelkit", "eager"] and res.median_us("kernelkit") > 0, res
 
 
 def test_parse_sizes():

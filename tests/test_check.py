@@ -143,7 +143,7 @@ def test_inputs_are_fresh_seeded_and_strided():
         seen.append((a.clone(), a.is_contiguous(), out is not None))
         return B.add_ok(a, b, out=out)
 
-    check(spy, spec=B.ADD_SPEC, dtypes=[torch.float32], shapes=[(1023,)], trials=4)
+    check(spy, spec=B.ADD_SPEC, dtypes=[torch.float32], shapes=[(1023,)], trials=4, contract=False)
     values = [s[0] for s in seen]
     assert len(values) == 4 and all(bool(v.ne(0).all()) for v in values)
     assert all(not torch.equal(values[i], values[j]) for i in range(4) for j in range(i))
@@ -151,7 +151,7 @@ def test_inputs_are_fresh_seeded_and_strided():
     assert [s[2] for s in seen] == [False, False, True, True]  # returned, then out=
     again = []
     check(lambda a, b, *, out=None: again.append(a.clone()) or B.add_ok(a, b, out=out), spec=B.ADD_SPEC,
-          dtypes=[torch.float32], shapes=[(1023,)], trials=4)
+          dtypes=[torch.float32], shapes=[(1023,)], trials=4, contract=False)
     assert all(torch.equal(x, y) for x, y in zip(values, again))  # same seed, same inputs
 
 
@@ -189,12 +189,119 @@ def test_repr_and_html():
 
 def test_compiled_cpp_card_with_an_off_by_one():
     """The same bug in a real compiled kernel (tests/fixtures/cards), through the loader."""
-    lib = kernelkit.load("kk_add_skip_last", kernels_dir=FIXTURE_CARDS)
-    spec = lib.spec
-    res = check(spec.resolve_op(lib), spec=spec)
+    res = check("kk_add_skip_last", kernels_dir=FIXTURE_CARDS)  # a card outside kernelkit: its op is lib.<name>
     assert not res.ok
     assert "at index (6,)" in messages(res) and "at index (1022,)" in messages(res)
-    assert check(lib.kk_add_ok, spec=spec).ok  # its correct twin, same build, passes
+    lib = kernelkit.load("kk_add_skip_last", kernels_dir=FIXTURE_CARDS)
+    # its correct twin, same build, passes (it has no fake kernel: the contract is test_a_compiled_card_...)
+    assert check(lib.kk_add_ok, spec=lib.spec, contract=False).ok
+
+
+def test_one_resolver_for_card_names_specs_and_callables():
+    from kernelkit.errors import KernelkitError
+    from kernelkit.harness.target import resolve
+
+    card = resolve("kk_add_skip_last", kernels_dir=FIXTURE_CARDS)  # not in kernelkit.ops: the library's op
+    assert card.spec.name == "kk_add_skip_last" and str(card.op) == str(card.lib.kk_add_skip_last)
+    assert str(resolve(card.spec, kernels_dir=FIXTURE_CARDS).op) == str(card.op)
+    assert resolve(torch.add).op is torch.add and resolve(torch.add).spec is None
+    assert resolve(torch.add, device="cpu").device == torch.device("cpu")
+    with pytest.raises(TypeError, match="a card name, a kernelkit.Spec or a callable"):
+        resolve(42)
+    nowhere = kernelkit.Spec(name="nowhere", reference=torch.add, make_inputs=B.randn_args(2), op=torch.add,
+                             devices=())
+    with pytest.raises(KernelkitError, match="implemented for"):
+        resolve(nowhere)
+
+
+# --------------------------------------------------------------------------------------- the op contract
+# Custom ops that compute the right values but break a promise a torch op makes; each has a correct twin.
+
+def _twice(name, fake=lambda x: x.new_empty(x.shape), impl=lambda x: x * 2, backward=True):
+    op = torch.library.custom_op(f"kk_test_check::{name}", mutates_args=())(impl)
+    op.register_fake(fake)
+    if backward:
+        op.register_autograd(lambda ctx, grad: grad * 2)
+    return op
+
+
+def _twice_impl(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+def _twice_refusing_grad(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+twice_ok = _twice("twice_ok", impl=_twice_impl)
+twice_bad_fake = _twice("twice_bad_fake", fake=lambda x: x.new_empty(x.numel() + 1), impl=_twice_impl)
+twice_no_backward = _twice("twice_no_backward", impl=_twice_impl, backward=False)
+TWICE = kernelkit.Spec(name="twice", reference=lambda x: x * 2, make_inputs=B.randn_args(1), grad_inputs=(0,),
+                       dtypes=(torch.float32, torch.float64), shapes=((7,), (33, 5)))
+TWICE_NO_GRAD = __import__("dataclasses").replace(TWICE, grad_inputs=())
+
+
+def twice_validating(x):
+    """The right op behind a wrapper that checks its input with a data-dependent branch: a graph break."""
+    if torch.isnan(x).any():
+        raise ValueError("twice: x has NaNs")
+    return twice_ok(x)
+
+
+def twice_refusing_grad(x):
+    if torch.is_grad_enabled() and x.requires_grad:
+        raise RuntimeError("twice: not differentiable")
+    return twice_no_backward(x)
+
+
+def contract_failures(res) -> dict:
+    return {c.layout: c.messages for c in res.failures if c.kind == "contract"}
+
+
+def test_custom_op_twin_meets_the_contract():
+    res = check(twice_ok, spec=TWICE)
+    assert res.ok, res.message()
+    held = {c.layout for c in res.cases if c.kind == "contract"}
+    assert held == {"schema", "autograd registration", "fake kernel", "dispatch", "torch.compile fullgraph"}
+    assert all(c.dtype == torch.float32 for c in res.cases if c.kind == "contract")  # once, first dtype
+    assert not any(c.kind == "contract" for c in check(twice_ok, spec=TWICE, contract=False).cases)
+
+
+def test_fake_kernel_with_the_wrong_shape():
+    """The values are right (the fake kernel is never run in eager); opcheck compares it with the real one."""
+    res = check(twice_bad_fake, spec=TWICE)
+    assert all(c.ok for c in res.cases if c.kind != "contract")
+    failed = contract_failures(res)
+    assert "fake kernel" in failed, res.message()
+    assert any(m.startswith("fake kernel: ") and "Shapes" in m for m in failed["fake kernel"])
+    assert "fake kernel" in res.message()
+
+
+def test_graph_break_in_the_op_fails_fullgraph_compile():
+    res = check(twice_validating, spec=TWICE)
+    assert all(c.ok for c in res.cases if c.kind != "contract")
+    failed = contract_failures(res)
+    assert list(failed) == ["torch.compile fullgraph"], res.message()
+    assert failed["torch.compile fullgraph"][0].startswith("torch.compile fullgraph: ")
+
+
+def test_an_op_without_backward_must_refuse_gradients():
+    res = check(twice_no_backward, spec=TWICE_NO_GRAD)
+    failed = contract_failures(res)
+    assert list(failed) == ["no backward"], res.message()
+    assert failed["no backward"][0].startswith("no backward: gradients are not refused")
+    assert "no autograd formula" in failed["no backward"][0]
+    assert check(twice_refusing_grad, spec=TWICE_NO_GRAD).ok  # its twin raises for inputs requiring grad
+    assert check(twice_ok, spec=TWICE_NO_GRAD).ok  # a working backward the spec does not declare is no error
+
+
+def test_a_compiled_card_without_fake_kernel():
+    """A real C++ op (tests/fixtures/cards) registered without a fake kernel: eager values are right, but
+    torch.compile and opcheck cannot trace it."""
+    lib = kernelkit.load("kk_add_skip_last", kernels_dir=FIXTURE_CARDS)
+    failed = contract_failures(check(lib.kk_add_ok, spec=lib.spec, dtypes=[torch.float32], trials=1))
+    assert "no fake kernel is registered" in failed["fake kernel"][0]
+    assert failed["torch.compile fullgraph"][0].startswith("torch.compile fullgraph: ")
 
 
 # ------------------------------------------------------------------------------------------------- GPU
@@ -213,15 +320,6 @@ def test_gpu_shared_z_sampler():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", sorted(kernelkit.cards()))
-def test_gpu_builtin_cards_pass(name):
-    if kernelkit.cards()[name].spec is None:
-        pytest.skip("card without a spec")
-    res = check(name, device="cuda")
-    assert res.ok, res.message()
-
-
-@pytest.mark.gpu
 @pytest.mark.slow
 def test_gpu_large_tensor_over_2_31_elements(big_gpu_memory):
     big_gpu_memory(40 << 30)
@@ -229,3 +327,43 @@ def test_gpu_large_tensor_over_2_31_elements(big_gpu_memory):
                 device="cuda", trials=1)
     assert res.ok, res.message()
     assert ((1 << 31) + 1,) in [c.shape for c in res.cases]
+
+
+def _twice_on_default_stream(x: torch.Tensor) -> torch.Tensor:
+    with torch.cuda.stream(torch.cuda.default_stream(x.device)):
+        return x * 2
+
+
+def _twice_syncing(x: torch.Tensor) -> torch.Tensor:
+    if x.abs().max().item() > 1e30:  # a host read: not allowed while a CUDA graph is being captured
+        raise ValueError("twice: x too large")
+    return x * 2
+
+
+twice_default_stream = _twice("twice_default_stream", impl=_twice_on_default_stream)
+twice_syncing = _twice("twice_syncing", impl=_twice_syncing)
+
+
+@pytest.mark.gpu
+def test_gpu_custom_op_twin_meets_the_contract():
+    res = check(twice_ok, spec=TWICE, device="cuda")
+    assert res.ok, res.message()
+    assert {"CUDA graph", "current stream"} <= {c.layout for c in res.cases if c.kind == "contract"}
+
+
+@pytest.mark.gpu
+def test_gpu_op_on_the_default_stream_fails_current_stream():
+    res = check(twice_default_stream, spec=TWICE, device="cuda")
+    assert all(c.ok for c in res.cases if c.kind != "contract")
+    failed = contract_failures(res)
+    assert "current stream" in failed, res.message()
+    assert failed["current stream"][0].startswith("current stream: ")
+
+
+@pytest.mark.gpu
+def test_gpu_op_that_breaks_capture_fails_cuda_graph():
+    res = check(twice_syncing, spec=TWICE, device="cuda")
+    failed = contract_failures(res)
+    assert "CUDA graph" in failed, res.message()
+    assert failed["CUDA graph"][0].startswith("CUDA graph: capture failed")
+    torch.randn(4, device="cuda")  # the failed capture left the default generator usable (not "capturing")

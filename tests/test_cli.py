@@ -1,5 +1,6 @@
 """The `kernelkit` command line for a newcomer: --help, --version and list answer without importing torch,
 and a user's mistake (unknown card, broken spec, a GPU that is not there) is one line, not a traceback."""
+import importlib
 import importlib.metadata
 import json
 import subprocess
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 import kernelkit
+from kernelkit.errors import SpecError
 from kernelkit.frontends.cli import main
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -179,3 +181,120 @@ def test_device_must_be_cpu_or_cuda(capsys):
     with pytest.raises(SystemExit) as e:
         main(["check", "kk_add_skip_last", "--device", "gpu"])
     assert e.value.code == 2 and "expected cpu, cuda or cuda:N" in capsys.readouterr().err
+
+
+# ---- cards outside the repository ----------------------------------------------------------------------
+def write_reference_card(d: Path, factor: float) -> Path:
+    """A card ``scaled`` whose spec imports the reference beside it (``reference/scaled.py``, README layout)."""
+    d.mkdir(parents=True, exist_ok=True)
+    write_card(d, "scaled", "from reference.scaled import FACTOR, scaled as reference\n")
+    (d / "reference").mkdir()
+    (d / "reference" / "scaled.py").write_text(f"FACTOR = {factor}\n\ndef scaled(x):\n    return x * FACTOR\n")
+    return d
+
+
+def test_spec_imports_the_reference_beside_it_each_directory_its_own(tmp_path):
+    a = kernelkit.cards(write_reference_card(tmp_path / "a", 2.0))["scaled"]
+    b = kernelkit.cards(write_reference_card(tmp_path / "b", 3.0))["scaled"]
+    assert (a.module().FACTOR, b.module().FACTOR) == (2.0, 3.0)
+    assert "reference" not in sys.modules  # importable only while the spec ran
+    assert importlib.import_module("kernelkit.reference.sigmoid").__name__ == "kernelkit.reference.sigmoid"
+
+
+def test_spec_run_again_imports_the_edited_reference_beside_it(tmp_path):
+    card = kernelkit.cards(write_reference_card(tmp_path, 2.0))["scaled"]
+    assert card.module().FACTOR == 2.0
+    (tmp_path / "reference" / "scaled.py").write_text("FACTOR = 5.0\n\ndef scaled(x):\n    return x * FACTOR\n")
+    spec = tmp_path / "scaled.py"
+    spec.write_text(spec.read_text() + "# edited\n")
+    assert card.module().FACTOR == 5.0
+
+
+@pytest.mark.parametrize("kind", sorted(BROKEN_SPECS))
+def test_broken_spec_raises_one_error_naming_file_and_line(kind, tmp_path):
+    spec, where, what = BROKEN_SPECS[kind]
+    write_card(tmp_path, "bad", spec)
+    (tmp_path / "bad_helper.py").write_text("CONFIG = {}\nDTYPE = CONFIG['dtype']\n")  # beside the card: importable
+    with pytest.raises(SpecError) as e:
+        kernelkit.cards(tmp_path)["bad"].spec
+    assert str(e.value).startswith(str(tmp_path.resolve() / where.split(":")[0]) + where[len("bad.py"):])
+    assert what in str(e.value) and "\n" not in str(e.value)
+    assert isinstance(e.value, kernelkit.KernelkitError) and e.value.__cause__ is not None
+
+
+TWICE_CPP = """\
+#include "twice.h"
+void twice_cpu(const float* x, float* y, long n) {
+  for (long i = 0; i < n; ++i) y[i] = x[i] * 2.0f;
+}
+"""
+TWICE_H = """\
+#pragma once
+void twice_cpu(const float* x, float* y, long n);
+#ifdef KERNELKIT_BINDING
+at::Tensor twice(const at::Tensor& x) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "twice: x must be float32, got ", x.scalar_type());
+  auto xc = x.contiguous();
+  auto y = at::empty_like(xc);
+  twice_cpu(xc.data_ptr<float>(), y.data_ptr<float>(), xc.numel());
+  return y;
+}
+KERNELKIT_LIBRARY(m) {
+  m.def("twice(Tensor x) -> Tensor");
+  m.impl("twice", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(twice)));
+}
+#endif
+"""
+TWICE_PY = """\
+import torch
+
+import kernelkit
+from reference.twice import twice as reference
+
+
+def make_inputs(shape, dtype=torch.float32, device="cpu", generator=None):
+    return (torch.randn(shape, dtype=dtype, device=device, generator=generator),)
+
+
+SPEC = kernelkit.Spec(name="twice", reference=reference, make_inputs=make_inputs, dtypes=(torch.float32,),
+                      devices=("cpu",), shapes=((1,), (7,), (0,), (33, 65)), bench_sizes=((1 << 10,),))
+
+
+def _refuse_grad(ctx, inputs, output):
+    raise RuntimeError("twice: not differentiable")
+
+
+def setup(lib):
+    torch.library.register_fake(lib.qualname("twice"), lambda x: torch.empty_like(x))
+    torch.library.register_autograd(lib.qualname("twice"), lambda ctx, grad: None, setup_context=_refuse_grad)
+"""
+
+
+@pytest.fixture(scope="module")
+def user_cards(tmp_path_factory):
+    """A directory outside the repository with one CPU card whose reference sits beside it; built once here
+    (the session's shared cache keeps the build for every test of this module)."""
+    d = tmp_path_factory.mktemp("user_cards")
+    (d / "twice.cpp").write_text(TWICE_CPP)
+    (d / "twice.h").write_text(TWICE_H)
+    (d / "twice.py").write_text(TWICE_PY)
+    (d / "reference").mkdir()
+    (d / "reference" / "twice.py").write_text("def twice(x):\n    return x * 2\n")
+    assert main(["build", "twice", "--kernels-dir", str(d)]) == 0
+    return d
+
+
+@pytest.mark.parametrize("command", [["check"], ["bench", "--sizes", "1024", "--budget-ms", "5", "--no-compile"]])
+def test_check_and_bench_find_a_card_outside_the_repository(user_cards, command, capsys):
+    assert main([command[0], "twice", "--kernels-dir", str(user_cards), *command[1:]]) == 0
+    out = capsys.readouterr().out
+    assert "twice" in out
+
+
+def test_run_with_kernels_dir_runs_just_those_cards(user_cards, tmp_path, capsys):
+    report_dir = tmp_path / "report"
+    assert main(["run", "--kernels-dir", str(user_cards), "--quick", "--no-bench", "--out", str(report_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "all 1 cards ok" in out
+    results = json.loads((report_dir / "results.json").read_text())
+    assert [r["name"] for r in results["cards"]] == ["twice"]

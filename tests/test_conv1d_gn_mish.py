@@ -1,12 +1,13 @@
 """conv1d_gn_mish card: every (Cin, Cout, L) of the U-Net at batch 1 and 64 plus odd shapes against the
-reference (CUDA under `gpu`), the FiLM/residual epilogue, errors and fakes (CPU), compile-only build."""
+reference (CUDA under `gpu`), the FiLM/residual epilogue, errors and fakes (CPU), the constants its C++
+reports, its refusal of gradients, compile-only build."""
 import pytest
 import torch
 
 import kernelkit
-import kernelkit.diffusion as kd
+from kernelkit.kernels import conv1d_gn_mish as kd  # the card module: its public conv1d_gn_mish
+from kernelkit.reference.conv1d_gn_mish import UNET_CONV_SHAPES
 from kernelkit.reference.conv1d_gn_mish import conv1d_gn_mish as ref
-from kernelkit.reference.unet1d import UNET_CONV_SHAPES
 from ops_helpers import DEVICES, lib
 
 CARD = "conv1d_gn_mish"
@@ -56,7 +57,7 @@ def test_unet_shapes(shape, batch, impl):
     scale, shift, res = _film(batch, shape[1], shape[2], "cuda")
     _close(kd.conv1d_gn_mish(*args, 8, 1e-5, scale, shift, impl=impl), ref(*args, 8, 1e-5, scale, shift))
     _close(kd.conv1d_gn_mish(*args, residual=res, impl=impl), ref(*args, residual=res))
-    # the weight stored (Cout, K, Cin), as use_kernelkit keeps it (cuDNN: a channels-last filter)
+    # the weight stored (Cout, K, Cin), as the example's use_kernelkit keeps it (cuDNN: a channels-last filter)
     x, w, rest = args[0], args[1], args[2:]
     got = kd.conv1d_gn_mish(x, kd.channels_last_weight(w), *rest, 8, 1e-5, scale, shift, res, impl=impl)
     _close(got, ref(*args, 8, 1e-5, scale, shift, res))
@@ -152,27 +153,52 @@ def test_errors_cpu():
         ((x.int(), w, bias, gamma, beta), {}, "must be a float32, float64, float16 or bfloat16"),
         ((x, w, bias, gamma, beta, 8, 1e-5, torch.ones(2, 15)), {}, r"scale must have shape \(B, Cout\)"),
         ((x, w, bias, gamma, beta, 8, 1e-5, None, None, torch.ones(2, 16, 8)), {}, "residual must have shape"),
-        ((x, w, bias, gamma, beta), {"impl": 7}, "impl must be 0"),
+        ((x, w, bias, gamma, beta), {"impl": 7}, r"impl must be one of 0 \(auto: .*3 \(direct: .*got 7"),
+        ((x, w, bias, gamma, beta), {"impl": -1}, "impl must be one of"),
     ]
     for args, kw, msg in cases:
         with pytest.raises(RuntimeError, match=msg):
             kd.conv1d_gn_mish(*args, **kw)
-    with pytest.raises(ValueError, match="impl must be one of"):
+    with pytest.raises(ValueError, match=r"impl must be one of 'auto', 'fused', 'cudnn', 'direct' or its code 0..3"):
         kd.conv1d_gn_mish(x, w, bias, gamma, beta, impl="fast")
     with pytest.raises(ValueError, match=r"weight must be 3-D \(Cout, Cin, K\)"):
         kd.channels_last_weight(w[0])
 
 
-def test_preferred_weight_layout():
-    """use_kernelkit's layout: channels-last from CHANNELS_LAST_MIN_WEIGHTS elements, else contiguous; the
-    values never change."""
-    big = torch.randn(512, 512, 5)
-    small = kd.channels_last_weight(torch.randn(256, 256, 5))
-    assert big.numel() >= kd.CHANNELS_LAST_MIN_WEIGHTS > small.numel()
-    got = kd.preferred_weight_layout(big)
-    assert got.stride() == (512 * 5, 1, 512) and torch.equal(got, big)
-    got = kd.preferred_weight_layout(small)
-    assert got.is_contiguous() and torch.equal(got, small)
+def test_config_reports_the_cpp_constants():
+    """The impl codes, the cost model and the layout threshold come from the build (one home: the header),
+    and every code the op accepts runs (CPU: all paths compose ATen, so they agree exactly)."""
+    cfg = kd.config()
+    assert cfg["impl"] == {"auto": 0, "fused": 1, "cudnn": 2, "direct": 3}
+    assert cfg["channels_last_min_weights"] == cfg["cost"]["cudnn_cl_small_filter"] == 1 << 19
+    assert set(cfg["cost"]) == {"split_fixed_us", "split_macs_per_ps", "split_macs_per_ps_cl", "cudnn_fixed_us",
+                                "cudnn_us_per_mweight", "cudnn_cl_fixed_us", "cudnn_cl_us_per_mweight",
+                                "cudnn_cl_small_us", "cudnn_cl_small_filter", "cudnn_cl_always_weights"}
+    assert all(v > 0 for v in cfg["cost"].values())
+    args = _inputs(2, 6, 16, 9)
+    expected = ref(*args)
+    for name, code in cfg["impl"].items():
+        _close(kd.conv1d_gn_mish(*args, impl=name), expected)
+        _close(kd.conv1d_gn_mish(*args, impl=code), expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("arg", (0, 1, 3, 7, 9))
+def test_refuses_gradients(device, arg):
+    """No backward: with grad mode on, any input that requires grad is refused, naming it; without grad
+    mode (no_grad, inference_mode) or with detached inputs the op runs."""
+    x, w, bias, gamma, beta = _inputs(2, 6, 16, 9, device=device)
+    scale, shift, res = _film(2, 16, 9, device)
+    args = [x, w, bias, gamma, beta, 8, 1e-5, scale.contiguous(), shift.contiguous(), res]
+    name = ("x", "weight", "bias", "gamma", "beta", "groups", "eps", "scale", "shift", "residual")[arg]
+    args[arg] = args[arg].clone().requires_grad_()
+    with pytest.raises(RuntimeError, match=f"conv1d_gn_mish: not differentiable, but {name} requires grad"):
+        kd.conv1d_gn_mish(*args)
+    expected = ref(*[a.detach() if isinstance(a, torch.Tensor) else a for a in args])
+    with torch.no_grad():
+        _close(kd.conv1d_gn_mish(*args), expected)
+    with torch.inference_mode():
+        _close(kd.conv1d_gn_mish(*args), expected)
 
 
 @pytest.mark.gpu

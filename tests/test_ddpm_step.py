@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import kernelkit
-import kernelkit.diffusion as kd
+from kernelkit.kernels import ddpm_step as kd  # the card module: its public ddpm_step
 from kernelkit.reference.ddpm_step import DDPMScheduler, ddpm_step as ref, ddpm_step_philox as ref_philox
 from ops_helpers import DEVICES, FLOAT_DTYPES, assert_close, lib, noncontig
 
@@ -248,3 +248,55 @@ def test_compiles_for_sm90():
 def test_spec_check(device):
     result = kernelkit.check(spec(), device=device, trials=2)
     assert result.ok, result.details()
+
+
+# ---- refused arguments: a clip range that is not a range, gradients ----------------------------------
+
+
+@pytest.mark.parametrize("clip", (-1.0, float("nan")), ids=("negative", "nan"))
+@pytest.mark.parametrize("philox", (False, True), ids=("noise", "philox"))
+def test_bad_clip_sample_range_is_refused(clip, philox):
+    """A negative range clamps with min > max and NaN clamps nothing: both used to diverge silently."""
+    coeffs = DDPMScheduler().coefficients()
+    eps, x, z = _inputs((4, 3), "cpu")
+    with pytest.raises(RuntimeError, match="clip_sample_range must be >= 0"):
+        kd.ddpm_step(eps, torch.tensor(5), x, coeffs, None if philox else z, clip_sample_range=clip)
+    with pytest.raises(ValueError, match="clip_sample_range must be >= 0"):
+        ref(eps, torch.tensor(5), x, coeffs, z, clip)
+
+
+@pytest.mark.parametrize("clip", (0.0, float("inf")))
+def test_zero_and_infinite_clip_sample_range_match_the_reference(clip):
+    coeffs = DDPMScheduler().coefficients()
+    eps, x, z = _inputs((4, 3), "cpu")
+    t = torch.tensor(5)
+    assert_close(kd.ddpm_step(eps, t, x, coeffs, z, clip_sample_range=clip), ref(eps, t, x, coeffs, z, clip))
+
+
+@pytest.mark.parametrize("clip", (-1.0, float("nan")), ids=("negative", "nan"))
+def test_fake_kernel_refuses_a_bad_clip_sample_range(clip):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    l = lib(CARD)
+    coeffs = DDPMScheduler().coefficients()
+    eps, x, z = _inputs((4, 3), "cpu")
+    with FakeTensorMode() as mode:
+        args = [mode.from_tensor(v) for v in (eps, torch.tensor(5), x, coeffs)]
+        with pytest.raises(RuntimeError, match="clip_sample_range must be >= 0"):
+            l.ddpm_step.default(*args, mode.from_tensor(z), clip)
+        with pytest.raises(RuntimeError, match="clip_sample_range must be >= 0"):
+            l.ddpm_step_philox.default(*args, clip)
+
+
+@pytest.mark.parametrize("philox", (False, True), ids=("noise", "philox"))
+def test_gradients_are_refused_naming_the_input(philox):
+    """The step has no backward: an input that requires grad is an error, not an output without a grad."""
+    coeffs = DDPMScheduler().coefficients()
+    eps, x, z = _inputs((4, 3), "cpu")
+    t = torch.tensor(5)
+    noise = None if philox else z
+    with pytest.raises(RuntimeError, match="ddpm_step(_philox)?: not differentiable, but sample requires grad"):
+        kd.ddpm_step(eps, t, x.requires_grad_(), coeffs, noise)
+    with torch.no_grad():
+        out = kd.ddpm_step(eps, t, x, coeffs, noise)
+    assert out.shape == x.shape and not out.requires_grad

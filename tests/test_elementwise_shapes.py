@@ -5,7 +5,7 @@ CUDA under `gpu`)."""
 import pytest
 import torch
 
-import kernelkit.diffusion as kd
+from kernelkit.kernels import ddpm_step as kd  # the card module: its public ddpm_step
 from kernelkit import ops
 from kernelkit.reference.ddpm_step import DDPMScheduler
 from kernelkit.reference.ddpm_step import ddpm_step as ref_ddpm

@@ -248,7 +248,7 @@ def test_ops_start_on_torch_ops_and_switch_when_the_module_is_loaded(monkeypatch
     lib = kernelkit.library("sigmoid")
     monkeypatch.setattr(fastcall, "_STATE", {"module": None, "tried": False, "error": None, "thread": None})
     with fastcall._LOCK:  # the background load waits here
-        ops._bind(lib, ("sigmoid", "sigmoid_backward"))
+        kernelkit.jit.registry.bind(lib)
         assert ops._FAST["sigmoid"]["sigmoid"] is lib.ops.sigmoid.default._op
         torch.testing.assert_close(ops.sigmoid(x), torch.sigmoid(x))
         assert fastcall._STATE["thread"] is not None

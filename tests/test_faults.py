@@ -14,15 +14,13 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import filelock
 import pytest
 
-from kernelkit import aot
-from kernelkit.jit import build, cache, toolchain
+from kernelkit.jit import build, cache, plan, prebuilt, toolchain
 from kernelkit.frontends import cli
 from kernelkit.errors import (BuildError, CacheSecurityError, CacheUnwritable, Diagnostic, KernelkitError,
                               SourcesChanged)
@@ -149,6 +147,25 @@ def test_generated_source_rewritten_with_the_same_text_is_no_edit(cache_root, ca
     monkeypatch.setenv("KERNELKIT_COMPILER_LAUNCHER", launcher(tmp_path, f"cp {src} {src}.tmp && mv {src}.tmp {src}"))
     so, _, _ = build.build(make_target(src, text=text, include_dirs=[card]))
     assert call_f(so) == 101
+
+
+def test_damaged_generated_source_is_written_again_not_reused(cache_root):
+    text = TU.format(w=1)
+    path = plan.write_source(text, "f.cpp")
+    for damage in (text[:20], TU.format(w=9)):  # truncated (a full disk), same-length other text (tampered)
+        path.write_text(damage)
+        assert plan.write_source(text, "f.cpp") == path
+        assert path.read_text() == text
+    assert [p.name for p in path.parent.iterdir()] == ["f.cpp"]  # no temporary file left behind
+
+
+def test_error_in_a_header_quotes_the_header_line(cache_root, card):
+    (card / "v.h").write_text("#define V 1\nint broken = ;\n")
+    with pytest.raises(BuildError) as e:
+        build.build(make_target(card / "f.cpp"))
+    diag = next(d for d in e.value.diagnostics if d.file == "v.h")
+    assert diag.line == 2 and diag.source_line == "int broken = ;"
+    assert "v.h:2:" in str(e.value) and "    2 | int broken = ;" in str(e.value)
 
 
 def test_header_the_include_scan_cannot_see_is_refused(cache_root, card):
@@ -428,7 +445,7 @@ def test_prebuilt_dir_owned_by_another_user_is_skipped(tmp_path, monkeypatch, ca
     mine.mkdir()
     os.chown(theirs, 12345, 12345)
     monkeypatch.setenv("KERNELKIT_PREBUILT_PATH", os.pathsep.join([str(theirs), str(mine)]))
-    dirs = aot.prebuilt_dirs()
+    dirs = prebuilt.prebuilt_dirs()
     assert theirs not in dirs and mine in dirs
     assert "owned by uid 12345" in caplog.text
 
@@ -528,13 +545,13 @@ def test_sigint_ends_the_build_and_its_compilers_at_once(cache_root, card, tmp_p
     group = int(pidfile.read_text())
     t0 = time.time()
     child.send_signal(signal.SIGINT)
-    try:
-        _, err = child.communicate(timeout=15)
+    try:  # bounds for a loaded 2-core CI machine; the pool's old wait for the launcher's sleep was 30 s and more
+        _, err = child.communicate(timeout=25)
     except subprocess.TimeoutExpired:
         child.kill()
         child.communicate()
-        pytest.fail("SIGINT did not end the build within 15 s")
-    assert "KeyboardInterrupt" in err and time.time() - t0 < 10
+        pytest.fail("SIGINT did not end the build within 25 s")
+    assert "KeyboardInterrupt" in err and time.time() - t0 < 25
     time.sleep(0.2)
     assert _running_in_group(group) == []  # the launcher and its sleep: ended, not left to run out
 
@@ -648,3 +665,12 @@ def test_fault_injection_loads_stay_true_to_their_sources(cache_root, card, tmp_
     header, tu = (card / "v.h").read_text(), (card / "f.cpp").read_text()
     so, _, _ = build.build(make_target(card / "f.cpp"))
     assert call_f(so) == _value(tu, header)
+
+
+@pytest.mark.parametrize("days", ["-1", "nan", "inf", "thirty"])
+def test_bad_gc_age_on_the_command_line_is_refused_and_removes_nothing(cache_root, card, days, capsys):
+    target = _built(card)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["cache", "gc", "--max-age-days", days])
+    assert e.value.code == 2 and "--max-age-days: expected a number of days >= 0" in capsys.readouterr().err
+    assert cache.verified_library(target.name, target.key) is not None

@@ -116,6 +116,20 @@ def test_refresh_reloads_edited_cards(card_dir):
     assert kernelkit.refresh() == []
 
 
+def test_refresh_skips_a_card_whose_files_are_gone_and_reloads_the_rest(card_dir, caplog):
+    kernelkit.load("affine", kernels_dir=card_dir)
+    (card_dir / "plain.cpp").write_text('extern "C" int plain() { return 1; }\n')  # no header: no binding to build
+    kernelkit.load("plain", kernels_dir=card_dir)
+    (card_dir / "plain.cpp").unlink()
+    src = card_dir / "affine.cpp"
+    src.write_text(src.read_text().replace("+ OFFSET", "+ 3 * OFFSET"))
+    assert kernelkit.refresh() == ["affine"]
+    torch.testing.assert_close(kernelkit.library("affine").affine(X), affine_ref(X, offset=3.0))
+    notes = [r.getMessage() for r in caplog.records if "plain" in r.getMessage()]
+    assert len(notes) == 1 and "skipping plain" in notes[0] and str(card_dir / "plain.cu") in notes[0]
+    assert kernelkit.refresh() == [] and len([r for r in caplog.records if "plain" in r.getMessage()]) == 1
+
+
 def test_fresh_process_cache_hit_spawns_no_compiler(card_dir):
     kernelkit.load("affine", kernels_dir=card_dir)
     out = run_python(f"""
@@ -295,7 +309,7 @@ def test_concurrent_processes_compile_once(card_dir):
         results.append(json.loads(out.strip().splitlines()[-1]))
     assert all(r["value"] == 6.0 for r in results)
     assert sum(not r["cached"] for r in results) == 1, results  # exactly one process built it
-    assert sum(r["compiles"] for r in results) == 1, results
+    assert sum(r["compiles"] > 0 for r in results) == 1, results  # the others compiled nothing
 
 
 def test_sigkill_mid_build_does_not_block(card_dir, tmp_path):

@@ -69,3 +69,23 @@ def test_magic_usage_errors(shell):
         shell.run_cell_magic("kernelkit", "nobinding", "__global__ void k() {}\n")
     with pytest.raises(ValueError, match="usage"):
         shell.run_cell_magic("kernelkit", "", CELL)
+
+
+KERNELS = """\
+extern "C" __global__ void twice(const float* x, float* out, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = 2.0f * x[i];
+}
+"""
+
+
+@pytest.mark.cuda_build
+def test_kernels_cell_compiles_with_nvrtc_and_binds_the_module(shell):
+    shell.run_cell_magic("kernelkit", "fast --kernels --arch 9.0", KERNELS)
+    mod = shell.user_ns["fast"]
+    assert isinstance(mod, kernelkit.KernelModule) and mod.kernels == ("twice",)
+    shell.run_cell_magic("kernelkit", "fast --kernels --arch 9.0", KERNELS.replace("2.0f", "3.0f"))
+    assert shell.user_ns["fast"] is mod and not mod.cached  # the edited cell updates the same module
+    result = shell.run_cell("%%kernelkit fast --kernels --arch 9.0\n" + KERNELS.replace("x[i];", "y[i];"))
+    err = result.error_in_exec
+    assert isinstance(err, kernelkit.BuildError) and "fast.cu:4: error" in str(err)  # the cell's line 4

@@ -1,5 +1,6 @@
-"""Every notebook runs top to bottom in a real Jupyter kernel (nbclient); a cell that raises fails the
-test. Without a GPU the notebooks take their CPU paths; 04 needs a GPU."""
+"""Every notebook (notebooks/ and the examples') runs top to bottom in a real Jupyter kernel (nbclient); a
+cell that raises fails the test. Without a GPU the notebooks take their CPU paths; the Diffusion Policy
+example's needs a GPU."""
 from pathlib import Path
 
 import pytest
@@ -8,18 +9,23 @@ nbclient = pytest.importorskip("nbclient")
 nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("ipykernel")
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-GPU_ONLY = {"04_diffusion_graphs"}
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "examples").glob("*/*.ipynb"))
+GPU_ONLY = {"diffusion_graphs"}
+
+
+def test_notebooks_are_found():
+    assert {nb.stem for nb in NOTEBOOKS} >= {"01_workflow", "diffusion_graphs"}
 
 
 def _params():
-    for nb in sorted(NOTEBOOKS.glob("*.ipynb")):
+    for nb in NOTEBOOKS:
         marks = [pytest.mark.gpu] if nb.stem in GPU_ONLY else []
         yield pytest.param(nb, id=nb.stem, marks=marks)
 
 
 def test_notebooks_are_committed_without_outputs():
-    for nb_path in NOTEBOOKS.glob("*.ipynb"):
+    for nb_path in NOTEBOOKS:
         nb = nbformat.read(nb_path, as_version=4)
         for cell in nb.cells:
             if cell.cell_type == "code":

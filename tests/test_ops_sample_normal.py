@@ -335,3 +335,21 @@ def test_cuda_matches_reference_past_2_32_chunks(big_gpu_memory):
     rows = [0, 1 << 15, (1 << 17) + 1, d - 2, d - 1]  # chunk indices 0 .. past 2^31 .. past 2^32
     _check_against_reference(x, mu, sigma, 11, 0, rows=rows)
     del x
+
+
+# ---- gradients: refused, naming the argument --------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("grad_of", ("mu", "sigma"))
+def test_gradients_are_refused_naming_the_argument(device, grad_of):
+    """No gradient flows through the samples: on the CPU this failed inside addcmul's out= with a message
+    about addcmul, on CUDA the samples silently had no gradient."""
+    args = {"mu": torch.zeros(3, device=device), "sigma": torch.ones(3, device=device)}
+    args[grad_of].requires_grad_()
+    with pytest.raises(RuntimeError, match=f"sample_normal: not differentiable, but {grad_of} requires grad"):
+        ops.sample_normal(args["mu"], args["sigma"], 5)
+    with pytest.raises(RuntimeError, match=f"not differentiable, but {grad_of} requires grad"):
+        ops.sample_normal(args["mu"], args["sigma"], 5, out=torch.empty(3, 5, device=device))
+    with torch.no_grad():
+        assert ops.sample_normal(args["mu"], args["sigma"], 5).shape == (3, 5)

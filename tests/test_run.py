@@ -71,7 +71,10 @@ def test_run_fails_on_a_build_error(tmp_path, capsys):
 def test_cli_check_and_bench(tmp_path, capsys):
     cards = ["--kernels-dir", str(FIXTURES / "cards")]
     assert main(["check", "kk_add_skip_last", *cards]) == 1
-    assert "index (1022,)" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "index (1022,)" in text and "fake kernel: " in text  # the fixture op has no fake kernel
+    assert main(["check", "kk_add_skip_last", *cards, "--no-contract", "--trials", "1"]) == 1
+    assert "contract" not in capsys.readouterr().out
     files = [tmp_path / "b.json", tmp_path / "b.csv"]
     assert main(["bench", "kk_add_skip_last", *cards, "--sizes", "1024", "2**12", "--budget-ms", "5",
                  "--plot", str(tmp_path / "plots"), "--json", str(files[0]), "--csv", str(files[1])]) == 0

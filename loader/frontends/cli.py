@@ -6,9 +6,9 @@ when they run.
 from __future__ import annotations
 
 import argparse
-import ast
 import datetime
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -17,8 +17,8 @@ from .. import __version__
 from ..errors import KernelkitError
 from ..harness import report
 from ..jit import cache
-from ..jit.cards import Card, search_path
-from . import harness_commands
+from ..jit.cards import declared_sources, search_path
+from . import harness_commands, scaffold
 
 
 DESCRIPTION = "Build, check and time the CUDA/C++ kernel cards on the search path, and manage the build cache."
@@ -27,6 +27,7 @@ EXAMPLES = """examples:
   kernelkit check sigmoid             check a card against its PyTorch reference
   kernelkit bench sigmoid --sizes 2**20 2**24
   kernelkit run --quick               build, check and time every card; write a report
+  kernelkit new relu --backward       write a new card (a unary op with autograd) to edit
   kernelkit <command> --help          the options of one command"""
 
 
@@ -40,6 +41,17 @@ def _size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
+
+
+def _days(text: str) -> float:
+    """A number of days >= 0 (a negative one would remove every entry, NaN none)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a number of days >= 0, got {text!r}")
+    return value
 
 
 def cmd_cache(args) -> int:
@@ -78,50 +90,8 @@ def cmd_cache(args) -> int:
     return 0
 
 
-def _is_spec_call(node: ast.AST) -> bool:
-    func = getattr(node, "func", None)
-    return isinstance(node, ast.Call) and (getattr(func, "attr", None) or getattr(func, "id", None)) == "Spec"
-
-
-def _literal_sources(spec_file: Path) -> Optional[List[str]]:
-    """The ``sources=`` of the ``Spec(...)`` call in a spec file, read without running the file; None when
-    it passes none. ValueError when there is no such call or the value is computed; SyntaxError."""
-    calls = [n for n in ast.walk(ast.parse(spec_file.read_text(), str(spec_file))) if _is_spec_call(n)]
-    if len(calls) != 1:
-        raise ValueError(f"{spec_file}: not one Spec(...) call")
-    call = calls[0]
-    if len(call.args) > 4 or any(isinstance(a, ast.Starred) for a in call.args) or any(
-            kw.arg is None for kw in call.keywords):  # sources may be among *args / **kwargs
-        raise ValueError(f"{spec_file}: Spec(...) gets its arguments unpacked")
-    for kw in call.keywords:
-        if kw.arg == "sources":
-            value = ast.literal_eval(kw.value)
-            return None if value is None else [str(s) for s in value]
-    return None
-
-
-def _imported_sources(name: str, d: Path, spec_file: Path) -> Optional[List[str]]:
-    """The sources a spec names, by running it (and importing torch); None, with a note, when it raises."""
-    try:
-        spec = harness_commands.card_spec(Card(name, d, spec_file))
-    except harness_commands.SpecError as e:
-        print(f"note: {e}", file=sys.stderr)
-        return None
-    return list(spec.sources or []) if spec is not None else None
-
-
-def _card_sources(name: str, d: Path, spec_file: Optional[Path]) -> List[str]:
-    """The card's sources relative to ``d``, as Card.sources() gives them (its own file when its spec names
-    none or does not import)."""
-    listed = None
-    if spec_file is not None:
-        try:
-            listed = _literal_sources(spec_file)
-        except (ValueError, SyntaxError):  # not a plain `Spec(..., sources=[...])`: only running it tells
-            listed = _imported_sources(name, d, spec_file)
-    if listed:
-        return listed
-    return [f"{name}{ext}" for ext in (".cu", ".cpp") if (d / f"{name}{ext}").is_file()][:1]
+def _note(message: str) -> None:
+    print(f"note: {message}", file=sys.stderr)
 
 
 def _cards_in(d: Path, taken) -> List[dict]:
@@ -133,7 +103,7 @@ def _cards_in(d: Path, taken) -> List[dict]:
     for name in names:
         spec_file = d / f"{name}.py"
         spec_file = spec_file if spec_file.is_file() else None
-        sources = _card_sources(name, d, spec_file)
+        sources = declared_sources(name, d, note=_note)
         own = {d / f"{name}{ext}" for ext in (".cu", ".cpp")}
         if spec_file is not None:
             parts |= {(d / s).resolve() for s in sources} - own
@@ -186,6 +156,32 @@ def cmd_build(args) -> int:
     return 1 if failed else 0
 
 
+def cmd_inspect(args) -> int:
+    """A card's compile report, or its SASS/PTX (optionally as a diff against its previous build)."""
+    from .. import inspect as kk_inspect
+
+    if args.sass or args.ptx:
+        print(kk_inspect.code(args.card, "ptx" if args.ptx else "sass", diff=args.diff, arch=args.arch,
+                              kernels_dir=args.kernels_dir))
+        return 0
+    rep = kk_inspect.report(args.card, args.block_size, arch=args.arch, kernels_dir=args.kernels_dir)
+    print(rep)
+    if args.diff and not rep.changes:
+        print("no change in registers, spills, stack, shared memory or occupancy since the previous build"
+              if rep.previous else "no previous build is known to compare with")
+    return 0
+
+
+def _block_size(text: str) -> int:
+    try:
+        value = int(text, 0)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 1024:
+        raise argparse.ArgumentTypeError(f"expected a number of threads per block, 1..1024, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kernelkit", description=DESCRIPTION, epilog=EXAMPLES,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -203,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("action", choices=["list", "info", "clear", "gc", "verify"])
     c.add_argument("--fix", action="store_true", help="verify: remove the corrupt entries it finds")
     c.add_argument("--json", action="store_true", help="machine-readable output")
-    c.add_argument("--max-age-days", type=float, default=30.0, help="gc: remove entries unused this long")
+    c.add_argument("--max-age-days", type=_days, default=30.0, help="gc: remove entries unused this long")
     c.set_defaults(func=cmd_cache)
 
     b = sub.add_parser("build", help="compile cards into the cache without loading them")
@@ -212,7 +208,22 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--kernels-dir", help="directory of cards (default: KERNELKIT_PATH + built-in)")
     b.set_defaults(func=cmd_build)
 
+    ins = sub.add_parser("inspect", help="a card's registers, spills, shared memory and occupancy; its SASS/PTX",
+                         description="Build the card if needed (no GPU needed with --arch) and show its compile report "
+                         "read from the cached binary, or its code. Needs NVIDIA's cuobjdump (CUDA toolkit, or "
+                         "pip install 'kernelkit[inspect]').")
+    ins.add_argument("card", help="card name (or the path of a card's .cu, or of a cubin/object/library)")
+    ins.add_argument("--kernels-dir", help="directory of cards (default: KERNELKIT_PATH + built-in)")
+    ins.add_argument("--arch", help="CUDA arch, e.g. 9.0 (default: the current GPU, else 9.0)")
+    view = ins.add_mutually_exclusive_group()
+    view.add_argument("--sass", action="store_true", help="print the SASS instead of the report")
+    view.add_argument("--ptx", action="store_true", help="print the PTX (builds embed it only with arch '9.0+PTX')")
+    ins.add_argument("--diff", action="store_true", help="against the previous build of the card")
+    ins.add_argument("--block-size", type=_block_size, help="threads per block for the occupancy column (default 256)")
+    ins.set_defaults(func=cmd_inspect)
+
     harness_commands.register(sub)  # check, bench, run
+    scaffold.register(sub)  # new
     return p
 
 

@@ -8,11 +8,9 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import traceback
-from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from ..errors import KernelkitError
+from ..errors import KernelkitError, SpecError
 from ..jit.cards import Card, all_cards, search_path
 
 _DTYPES = {"float32": "float32", "float64": "float64", "float16": "float16", "bfloat16": "bfloat16",
@@ -22,10 +20,6 @@ _DTYPES = {"float32": "float32", "float64": "float64", "float16": "float16", "bf
 
 class UsageError(KernelkitError):
     """The command line asks for something this machine or search path does not have (exit code 2)."""
-
-
-class SpecError(KernelkitError):
-    """A card's spec file raised while it was imported."""
 
 
 def parse_size(text: str) -> Tuple[int, ...]:
@@ -92,45 +86,15 @@ def find_cards(names: Sequence[str], kernels_dir=None) -> List[Card]:
     return [found[n] for n in names or sorted(found)]
 
 
-def _spec_failure(error: Exception, path: Path) -> Optional[str]:
-    """One line saying where in ``path`` ``error`` was raised (and where exactly, when in a file it imports);
-    None when the error did not come from running ``path``."""
-    frames = [(f.filename, f.lineno) for f in traceback.extract_tb(error.__traceback__)]
-    if isinstance(error, SyntaxError):  # raised by the compiler: the place it points at is the innermost one
-        frames.append((error.filename, error.lineno))
-    ours = [line for file, line in frames if file == str(path)]
-    if not ours:
-        return None
-    file, line = frames[-1]
-    origin = "" if file == str(path) else f" (raised at {file}:{line})"
-    message = error.msg if isinstance(error, SyntaxError) else str(error)
-    return f"{path}:{ours[-1]}: the card's spec failed to import: {type(error).__name__}: {message}{origin}"
-
-
 def card_spec(card: Card):
-    """``card.spec``; an exception raised while running the card's spec file becomes a one-line SpecError
-    naming the file and line (one raised anywhere else is a bug and keeps its traceback)."""
-    try:
-        return card.spec
-    except Exception as e:  # noqa: BLE001 - user code may raise anything; re-raised unless it ran through the file
-        failure = _spec_failure(e, card.spec_path)
-        if failure is None:
-            raise
-        raise SpecError(failure) from e
-
-
-def _default_device(spec) -> Optional[str]:
-    import torch
-
-    if torch.cuda.is_available() and "cuda" in spec.devices:
-        return "cuda"
-    return "cpu" if "cpu" in spec.devices else None
+    """``card.spec``: a spec that fails to import raises a one-line SpecError naming its file and line."""
+    return card.spec
 
 
 def _targets(args) -> List[tuple]:
     """(name, spec, op, device) for each requested card, loading it; a card that cannot run says why on
     stderr and comes back as (name, None, None, None) when that is a failure, or not at all when a skip."""
-    from ..harness.spec import load_card
+    from ..harness.target import default_device, resolve
 
     check_device(args.device)
     out = []
@@ -145,13 +109,13 @@ def _targets(args) -> List[tuple]:
             print(f"{card.name}: no spec (kernels/<op>.py): nothing to run", file=sys.stderr)
             out.append((card.name, None, None, None))
             continue
-        device = args.device or _default_device(spec)
+        device = args.device or default_device(spec)
         if device is None:
             print(f"{card.name}: SKIPPED - implemented for {list(spec.devices)} only and no CUDA GPU is available "
                   f"(`kernelkit build {card.name}` compiles it)", file=sys.stderr)
             continue
-        spec, op = load_card(card.name, args.kernels_dir)
-        out.append((card.name, spec, op, device))
+        target = resolve(card.name, kernels_dir=args.kernels_dir, device=device)
+        out.append((card.name, target.spec, target.op, device))
     return out
 
 
@@ -164,7 +128,7 @@ def cmd_check(args) -> int:
             status = 1
             continue
         res = check(op, spec=spec, device=device, dtypes=args.dtype, trials=args.trials, seed=args.seed,
-                    large=args.large)
+                    large=args.large, contract=not args.no_contract)
         print(repr(res) + "\n")
         status |= 0 if res.ok else 1
     return status
@@ -231,6 +195,8 @@ def register(sub) -> None:
     c.add_argument("--trials", type=int, default=5)
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--large", action="store_true", help="also check > 2**31-element shapes (GPU memory!)")
+    c.add_argument("--no-contract", action="store_true",
+                   help="skip the op contract (opcheck, torch.compile, CUDA graph, current stream)")
     c.set_defaults(func=cmd_check)
 
     b = sub.add_parser("bench", help="time cards against eager, torch.compile and the bandwidth floor")

@@ -8,18 +8,28 @@
 compiles the cell through ``kernelkit.load_inline`` and binds the library as ``NAME`` and each of its ops
 and functions by name in the notebook. Re-running an edited cell hot-reloads it. Compiler errors name
 the cell's own line numbers. ``--cpp`` makes the whole cell C++ (CPU code, no CUDA).
+
+    %%kernelkit NAME --kernels [--arch 9.0] [--flags -DBLOCK=256]
+    <kernel-only CUDA C++: __global__ functions and device helpers>
+
+compiles the cell in-process with NVRTC (``kernelkit.load_kernels``, tens of milliseconds) and binds the
+module as ``NAME``: ``NAME.my_kernel[grid, block](tensor, ..., n)``.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
-from typing import Optional, Tuple
-
+import sys
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Optional, Tuple
 
-from ..jit import api
+from .. import inspect as kk_inspect
+from ..errors import KernelkitError
+from ..inspect import device_output as _capture
+from ..instant.kernels import load_kernels, loaded_modules
+from ..jit import api, registry
 
 #: name -> (line, cell) of the last %%kernelkit cell run with that name
 CELLS: Dict[str, Tuple[str, str]] = {}
@@ -47,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--flags", nargs="+", default=None, help="extra C++ compiler flags")
     p.add_argument("--cuda-flags", nargs="+", default=None, help="extra nvcc flags")
     p.add_argument("--cpp", action="store_true", help="the whole cell is C++ (no CUDA)")
+    p.add_argument("--kernels", action="store_true", help="kernel-only CUDA compiled with NVRTC (instant kernels)")
     return p
 
 
@@ -55,7 +66,12 @@ def kernelkit_cell(line: str, cell: str, user_ns: dict):
         args = _parser().parse_args(shlex.split(line))
     except SystemExit:
         raise ValueError("usage: %%kernelkit NAME [--functions f g] [--arch 9.0] [--flags ...] "
-                         "[--cuda-flags ...] [--cpp]") from None
+                         "[--cuda-flags ...] [--cpp | --kernels]") from None
+    if args.kernels:
+        # a blank first line: compiler line numbers are the cell's, whose line 1 is the %%kernelkit line
+        user_ns[args.name] = load_kernels("\n" + cell, args.name, arch=args.arch, options=args.flags or ())
+        CELLS[args.name] = (line, cell)
+        return None
     cuda, cpp = split_cell(cell, args.cpp)
     if cuda is not None and cpp is None and not args.functions:
         raise ValueError("%%kernelkit: a CUDA cell needs a '// --- binding ---' line followed by the "
@@ -103,3 +119,52 @@ def register(ipython) -> None:
 
     ipython.register_magic_function(cell_magic, magic_kind="cell", magic_name="kernelkit")
     api.autoreload(True)  # edited card files are reloaded before each cell
+    _register_cell_hooks(ipython)
+
+
+_CELL_HOOKS: Dict[int, tuple] = {}  # id(shell) -> its (pre, post) hooks, so a second %load_ext adds none
+
+
+def _builds() -> Dict[str, object]:
+    """name -> the current build of every card, inline library and instant-kernels module in this process."""
+    return {**registry.LATEST, **{m.name: m for m in loaded_modules()}}
+
+
+def _register_cell_hooks(ipython) -> None:
+    """Per cell: capture C-level and device output into the cell (KERNELKIT_CAPTURE=0 turns it off), and after
+    a cell that built something, a compact compile report of each new build (KERNELKIT_REPORT=0: off)."""
+    if id(ipython) in _CELL_HOOKS:
+        return
+    state: Dict[str, object] = {}
+
+    def pre_run_cell(*_):
+        state["builds"] = {n: getattr(b, "key", None) for n, b in _builds().items()}
+        if os.environ.get("KERNELKIT_CAPTURE", "1") != "0":
+            try:
+                state["capture"] = _capture.Capture().open()
+            except (ImportError, OSError) as e:  # no wurlitzer, or no fds to redirect: run the cell uncaptured
+                print(f"kernelkit: not capturing device output in this cell: {e}", file=sys.stderr)
+
+    def post_run_cell(*_):
+        cap = state.pop("capture", None)
+        if cap is not None:
+            try:
+                cap.close()
+            except KernelkitError as e:  # raising here would only print a hook traceback
+                print(f"kernelkit: {e}", file=sys.stderr)
+        before = state.pop("builds", {})
+        if os.environ.get("KERNELKIT_REPORT", "1") == "0":
+            return
+        for name, build in _builds().items():
+            if before.get(name) == getattr(build, "key", None) or getattr(build, "cached", True):
+                continue
+            try:
+                print(kk_inspect.report(build).compact())
+            except KernelkitError as e:  # said once: a missing cuobjdump would repeat it after every build
+                if not state.get("report_failed"):
+                    print(f"kernelkit: no compile report for {name}: {e}", file=sys.stderr)
+                state["report_failed"] = True
+
+    ipython.events.register("pre_run_cell", pre_run_cell)
+    ipython.events.register("post_run_cell", post_run_cell)
+    _CELL_HOOKS[id(ipython)] = (pre_run_cell, post_run_cell)

@@ -1,25 +1,11 @@
 """kernelkit.bench: how fast is an op, side by side with eager PyTorch, torch.compile and the floor?
 
-GPU timing follows triton.testing.do_bench: CUDA events around each call, a 256 MB write between calls to
-flush L2, warm-up, and a repeat count chosen to fill a time budget; median and p20/p80 are reported.
-The contenders are timed side by side: one call of each per round, in a random order (reversed in the
-round after), so a slow spell, or a device state that lasts a few milliseconds (small kernels' times jump
-by ~0.5 us between such states), lands on all of them alike rather than on whichever was timed then,
-and no contender keeps a place in the round. A contender whose host side outlasts the flush
-(torch.compile on a slow host CPU) gets a GPU spin queued ahead of each timed call, so its device time
-is not inflated by its launch time; host time is reported apart. After every timed call the timer asks
-whether the device had already reached the call's start event (it then waited for the launch inside the
-timed span: a host stall); such a round is left out, and the late contender's spin lengthened.
-Optional CUDA-graph mode replays a captured call (no launch overhead). Host overhead (wall time per call
-on a tiny input, no sync) is measured separately against torch.add's. The floor is bytes moved / the
-device's bandwidth, measured once with a large device-to-device copy and cached. On a CPU the same
-sweep runs with a host timer (time.perf_counter), so CI exercises the whole path.
-
-Because each round times every contender once, the first contender (the op under test) is compared with
-each other one round by round: the median of the per-round time ratios, with a distribution-free 95%
-confidence interval (:func:`paired_ratio`). A state of the device that lasts milliseconds moves both
-calls of a round alike, so the paired ratio resolves differences far below one contender's own spread;
-an interval that contains 1 is a tie.
+Each size of a sweep times the contenders (the op, the eager reference, ``torch.compile(reference)``,
+optionally a copy of the same bytes) side by side with :mod:`.timing`'s timers: CUDA events with L2
+flushes on a GPU, the host timer on a CPU, so CI exercises the whole path. The first contender is compared
+with each other one round by round (:func:`.timing.paired_ratio`). The floor is bytes moved / the device's
+measured bandwidth (:mod:`.bandwidth`). Host overhead (wall time per call on a tiny input, no sync) is
+measured separately against torch.add's. Results print as a table, and write JSON, CSV and PNG plots.
 """
 from __future__ import annotations
 
@@ -28,415 +14,16 @@ import csv
 import dataclasses
 import json
 import math
-import os
-import platform
-import random
-import statistics
-import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ..jit.cache import cache_dir
 from . import report
-from .spec import Spec, load_card
-
-L2_FLUSH_BYTES = 256 << 20
-_FLUSH: Dict[torch.device, torch.Tensor] = {}
-
-
-@dataclasses.dataclass
-class Timing:
-    median_us: float
-    p20_us: float
-    p80_us: float
-    mean_us: float
-    min_us: float
-    reps: int
-    timer: str
-    samples_us: List[float] = dataclasses.field(default_factory=list, repr=False)  # one per round, in order
-    dropped: int = 0  # rounds left out: the host was late with a launch, so device time was not alone
-
-    @classmethod
-    def from_samples(cls, samples_us: Sequence[float], timer: str, dropped: int = 0) -> "Timing":
-        qs = statistics.quantiles(samples_us, n=10, method="inclusive") if len(samples_us) > 1 else [samples_us[0]] * 9
-        return cls(statistics.median(samples_us), qs[1], qs[7], statistics.fmean(samples_us), min(samples_us),
-                   len(samples_us), timer, list(samples_us), dropped)
-
-    def summary(self) -> dict:
-        """The statistics without the samples (what a report row keeps)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "samples_us"}
-
-
-@dataclasses.dataclass(frozen=True)
-class Ratio:
-    """``median`` of per-round ratios of two contenders' times with its 95% confidence interval
-    [``lo``, ``hi``] over ``rounds`` rounds."""
-    median: float
-    lo: float
-    hi: float
-    rounds: int
-
-    @property
-    def verdict(self) -> str:
-        """"faster" / "slower" when the interval excludes 1, else "tie" (ratio = other's time / ours)."""
-        return "faster" if self.lo > 1.0 else "slower" if self.hi < 1.0 else "tie"
-
-    def __str__(self) -> str:
-        return f"{self.median:.3f}x [{self.lo:.3f}, {self.hi:.3f}]"
-
-
-def paired_ratio(ours_us: Sequence[float], other_us: Sequence[float]) -> Ratio:
-    """How many times faster ``ours`` is than ``other``, round by round: the median of other[r] / ours[r]
-    with a distribution-free 95% confidence interval for that median (the order statistics k and n - 1 - k
-    of the sorted ratios, k from the binomial(n, 1/2) normal approximation; the whole range below 6
-    rounds). Both sequences are per-round samples of the same rounds (:func:`time_together`)."""
-    if len(ours_us) != len(other_us) or not ours_us:
-        raise ValueError(f"paired_ratio: expected two equally long, non-empty per-round sample lists, got "
-                         f"{len(ours_us)} and {len(other_us)}")
-    if min(ours_us) <= 0:
-        raise ValueError("paired_ratio: ours_us must be positive times")
-    r = sorted(o / u for u, o in zip(ours_us, other_us))
-    n = len(r)
-    k = max(0, math.floor(n / 2 - 0.98 * math.sqrt(n))) if n >= 6 else 0
-    return Ratio(statistics.median(r), r[k], r[n - 1 - k], n)
-
-
-# ---------------------------------------------------------------------------------------------- timers
-
-def _flush_buffer(device: torch.device) -> torch.Tensor:
-    if device not in _FLUSH:
-        _FLUSH[device] = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device)
-    return _FLUSH[device]
-
-
-def _graphed(fn: Callable[[], Any], device: torch.device) -> Callable[[], Any]:
-    """Capture one call of ``fn`` in a CUDA graph (after warm-up on a side stream); return its replay."""
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
-_SPIN_CYCLES_PER_US: Dict[torch.device, float] = {}
-_FLUSH_US: Dict[torch.device, float] = {}
-
-
-def _event_us(fn: Callable[[], Any]) -> float:
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    fn()
-    e.record()
-    torch.cuda.synchronize()
-    return s.elapsed_time(e) * 1e3
-
-
-def _spin_cycles_per_us(device: torch.device) -> float:
-    """Clock cycles per microsecond of torch.cuda._sleep's spin, measured once per device."""
-    if device not in _SPIN_CYCLES_PER_US:
-        torch.cuda._sleep(1000)
-        _SPIN_CYCLES_PER_US[device] = 1e6 / _event_us(lambda: torch.cuda._sleep(1_000_000))
-    return _SPIN_CYCLES_PER_US[device]
-
-
-_MAX_SPIN_US = 20_000.0  # a call whose host side takes longer than this is host-bound: timed as it comes
-
-
-def _spin_us(host_us: float, lead_us: float) -> float:
-    """GPU spin (us) to enqueue ahead of a timed call whose host side (flush, spin and event launches, the
-    call itself) takes ``host_us``, so the device is still busy when the host has queued the call: with
-    ``lead_us`` of device work ahead (the flush) the call is then not charged for its host time, which
-    ``host_us`` reports apart. 0 if none is needed."""
-    need_us = min(1.5 * host_us + 10.0 - lead_us, _MAX_SPIN_US)
-    return need_us if need_us > 0 and hasattr(torch.cuda, "_sleep") else 0.0
-
-
-def _repeats(est_s: float, budget_ms: float, min_reps: int, max_reps: int) -> int:
-    return int(min(max_reps, max(min_reps, budget_ms * 1e-3 / max(est_s, 1e-9))))
-
-
-Fns = Dict[str, Callable[[], Any]]
-Outcome = Union[Timing, Exception]
-
-
-def _first_calls(fns: Fns, sync: Callable[[], None]) -> Tuple[Fns, Dict[str, Outcome]]:
-    """Call each function once; the ones that raise are reported, not timed."""
-    ok: Fns = {}
-    failed: Dict[str, Outcome] = {}
-    for name, fn in fns.items():
-        try:
-            fn()
-            sync()
-            ok[name] = fn
-        except Exception as e:  # noqa: BLE001 - one failing function must not lose the others
-            failed[name] = e
-    return ok, failed
-
-
-def _round_robin(fns: Fns, reps: int, one_call: Callable[[str, Callable[[], Any], int], None],
-                 failed: Dict[str, Outcome], seed: int = 0) -> None:
-    """``reps`` rounds of one call of each function: a fresh (seeded) random order every other round and
-    its reverse in the round after, so no function keeps a place in the round (on an H100, the same call
-    placed second or fourth of nine measured 5-8% apart at 2^14-2^16 floats) and each place is balanced
-    over a pair of rounds. A function that raises is dropped (its error reported) and the others go on."""
-    rng = random.Random(seed)
-    order = list(fns)
-    for r in range(reps):
-        if r % 2 == 0:
-            rng.shuffle(order)
-        for name in (order if r % 2 == 0 else order[::-1]):
-            if name in failed:
-                continue
-            try:
-                one_call(name, fns[name], r)
-            except Exception as e:  # noqa: BLE001
-                failed[name] = e
-
-
-def time_cuda_together(fns: Fns, device=None, *, budget_ms: float = 100.0, warmup_ms: float = 25.0,
-                       flush: bool = True, graph: bool = False, min_reps: int = 10,
-                       max_reps: int = 10000) -> Dict[str, Outcome]:
-    """Device time of each function with CUDA events, one event pair per call, L2 flushed before each
-    call, the functions called in turn (one call of each per round): a slow spell of the device, or a
-    state that lasts a few milliseconds, lands on all of them alike. A function whose host side takes
-    longer than the flush gets a GPU spin queued ahead of its timed calls, so what is timed is device
-    time, not the host's launch time; a round in which a launch still came late is left out (counted in
-    ``Timing.dropped``) unless that would leave fewer than a quarter of them. ``budget_ms`` is per
-    function.
-    Returns a Timing per function, or the exception it raised."""
-    device = torch.device(device if device is not None else "cuda")
-    with torch.cuda.device(device):
-        sync = torch.cuda.synchronize
-        fns, failed = _first_calls(fns, sync)
-        if graph:
-            for name in list(fns):
-                try:
-                    fns[name] = _graphed(fns[name], device)
-                except Exception as e:  # noqa: BLE001 - not capturable: reported like any failure
-                    failed[name] = e
-                    del fns[name]
-        buf = _flush_buffer(device) if flush else None
-        if buf is not None and device not in _FLUSH_US:
-            buf.zero_()
-            _FLUSH_US[device] = min(_event_us(buf.zero_) for _ in range(3))
-        lead_us = _FLUSH_US[device] if buf is not None else 0.0
-        est: Dict[str, float] = {}
-        spin_us: Dict[str, float] = {}
-        events: Dict[str, list] = {}
-        late: set = set()  # rounds in which some call's launch came after the device work ahead of it
-
-        def one_call(name: str, fn: Callable[[], Any], r: int) -> None:
-            t0 = time.perf_counter()
-            if buf is not None:
-                buf.zero_()  # device busy flushing while the host queues the timed call: no launch gap timed
-            if spin_us[name]:
-                torch.cuda._sleep(int(spin_us[name] * _spin_cycles_per_us(device)))
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            # Late: the device reached the start event before the call was queued, so it waited for the
-            # host inside the timed span (a slow host, a stall). Not late while the device is behind.
-            late_launch = s.query()
-            host_us = (time.perf_counter() - t0) * 1e6
-            e.record()
-            if r >= 0:
-                events[name].append((s, e))
-            if late_launch or r < 0:  # the device was idle: host_us is the host's own time
-                spin_us[name] = max(spin_us[name], _spin_us(host_us, lead_us))
-                if r >= 0:
-                    late.add(r)  # this round is left out
-
-        for name, fn in fns.items():
-            try:
-                def five(fn=fn):
-                    for _ in range(5):
-                        if buf is not None:
-                            buf.zero_()
-                        fn()
-
-                est[name] = _event_us(five) / 5 * 1e-6  # includes the flush, like do_bench's estimate
-                for _ in range(max(1, int(warmup_ms * 1e-3 / max(est[name], 1e-9)))):
-                    fn()
-                spin_us[name], events[name] = 0.0, []
-                for _ in range(3):  # dry runs from an idle device: the host time of a whole timed call
-                    sync()
-                    one_call(name, fn, -1)
-                sync()
-            except Exception as e:  # noqa: BLE001
-                failed[name] = e
-        fns = {n: fn for n, fn in fns.items() if n not in failed}
-        if fns:
-            _round_robin(fns, _repeats(statistics.fmean(est.values()), budget_ms, min_reps, max_reps), one_call, failed)
-        sync()
-    timer = "cuda-graph" if graph else "cuda-events"
-    live = {n: ev for n, ev in events.items() if n not in failed}
-    rounds = min((len(ev) for ev in live.values()), default=0)
-    keep = [r for r in range(rounds) if r not in late]
-    if len(keep) < max(3, rounds // 4):  # a host always late: report what there is rather than nothing
-        keep = list(range(rounds))
-    out: Dict[str, Outcome] = {n: Timing.from_samples([ev[r][0].elapsed_time(ev[r][1]) * 1e3 for r in keep], timer,
-                                                      rounds - len(keep))
-                               for n, ev in live.items()}
-    out.update(failed)
-    return out
-
-
-def time_host_together(fns: Fns, *, budget_ms: float = 50.0, warmup_ms: float = 10.0, min_reps: int = 5,
-                       max_reps: int = 10000) -> Dict[str, Outcome]:
-    """Wall time of each function with time.perf_counter, the functions called in turn; calls shorter
-    than ~20 us are timed in batches. ``budget_ms`` is per function."""
-    fns, failed = _first_calls(fns, lambda: None)
-    batch: Dict[str, int] = {}
-    est_batch_s: List[float] = []
-    for name, fn in fns.items():
-        try:
-            t0 = time.perf_counter()
-            for _ in range(3):
-                fn()
-            est_s = (time.perf_counter() - t0) / 3
-            deadline = time.perf_counter() + warmup_ms * 1e-3
-            while time.perf_counter() < deadline:
-                fn()
-        except Exception as e:  # noqa: BLE001
-            failed[name] = e
-            continue
-        batch[name] = max(1, int(20e-6 / max(est_s, 1e-9)))
-        est_batch_s.append(est_s * batch[name])
-    fns = {n: fn for n, fn in fns.items() if n in batch}
-    samples: Dict[str, List[float]] = {name: [] for name in fns}
-
-    def one_call(name: str, fn: Callable[[], Any], r: int) -> None:  # noqa: ARG001 - rounds all kept
-        n = batch[name]
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        samples[name].append((time.perf_counter() - t0) / n * 1e6)
-
-    if fns:
-        _round_robin(fns, _repeats(statistics.fmean(est_batch_s), budget_ms, min_reps, max_reps), one_call, failed)
-    out: Dict[str, Outcome] = {n: Timing.from_samples(v, "host") for n, v in samples.items() if n not in failed}
-    out.update(failed)
-    return out
-
-
-def _single(outcomes: Dict[str, Outcome]) -> Timing:
-    (res,) = outcomes.values()
-    if isinstance(res, Exception):
-        raise res
-    return res
-
-
-def time_cuda(fn: Callable[[], Any], device=None, **kw) -> Timing:
-    """Device time of ``fn()`` with CUDA events, one event pair per call, L2 flushed before each call
-    (options: :func:`time_cuda_together`)."""
-    return _single(time_cuda_together({"fn": fn}, device, **kw))
-
-
-def time_host(fn: Callable[[], Any], **kw) -> Timing:
-    """Wall time of ``fn()`` with time.perf_counter (options: :func:`time_host_together`)."""
-    return _single(time_host_together({"fn": fn}, **kw))
-
-
-def time_together(fns: Fns, device=None, **kw) -> Dict[str, Outcome]:
-    """CUDA events on a CUDA device, the host timer elsewhere (``graph``/``flush`` apply to CUDA only);
-    the functions are timed in turn, one call of each per round."""
-    device = torch.device(device if device is not None else "cpu")
-    if device.type == "cuda":
-        return time_cuda_together(fns, device, **kw)
-    kw.pop("graph", None)
-    kw.pop("flush", None)
-    return time_host_together(fns, **kw)
-
-
-def time_fn(fn: Callable[[], Any], device=None, **kw) -> Timing:
-    """One function's :func:`time_together`."""
-    return _single(time_together({"fn": fn}, device, **kw))
-
-
-def host_overhead_us(fn: Callable[[], Any], device=None, calls: int = 100, repeats: int = 5) -> float:
-    """Wall time per call with no synchronisation inside the loop: what the host spends launching."""
-    device = torch.device(device if device is not None else "cpu")
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
-    fn()
-    sync(device)
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - t0) / calls * 1e6)
-        sync(device)
-    return statistics.median(samples)
-
-
-# ------------------------------------------------------------------------------------------ bandwidth
-
-def _cache_dir() -> Path:
-    return Path(cache_dir())
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
-
-
-def _device_key(device: torch.device) -> str:
-    if device.type == "cuda":
-        p = torch.cuda.get_device_properties(device)
-        return f"cuda|{p.name}|cc{p.major}.{p.minor}|{p.total_memory}|{getattr(p, 'uuid', '')}"
-    return f"cpu|{device_name(device)}|{platform.node()}"
-
-
-def device_bandwidth(device=None, *, refresh: bool = False) -> float:
-    """Bytes/s (read + write) of a large device-to-device copy; measured once per device, cached in
-    ``<cache dir>/bandwidth.json``."""
-    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    path = _cache_dir() / "bandwidth.json"
-    key = _device_key(device)
-    try:
-        known = json.loads(path.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if not refresh and key in known:
-        return float(known[key]["bytes_per_s"])
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        nbytes = int(min(1 << 30, free // 8))
-    else:
-        nbytes = 1 << 27
-    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    t = time_fn(lambda: dst.copy_(src), device, flush=False, budget_ms=300, min_reps=10)
-    bw = 2 * nbytes / (t.median_us * 1e-6)
-    known[key] = {"bytes_per_s": bw, "nbytes": nbytes, "median_us": t.median_us, "torch": torch.__version__,
-                  "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(known, indent=1))
-    os.replace(tmp, path)  # atomic: concurrent measurers never leave a torn file
-    return bw
-
-
-def tensor_bytes(*xs: Any) -> int:
-    """Bytes of every tensor in ``xs`` (nested tuples/lists too): the default bytes-moved estimate."""
-    total = 0
-    for x in xs:
-        if isinstance(x, torch.Tensor):
-            total += x.numel() * x.element_size()
-        elif isinstance(x, (tuple, list)):
-            total += tensor_bytes(*x)
-    return total
-
+from .bandwidth import copy_contender, device_bandwidth, device_name, tensor_bytes
+from .spec import Spec
+from .target import default_device, resolve
+from .timing import Ratio, host_overhead_us, paired_ratio, time_together
 
 # --------------------------------------------------------------------------------------------- results
 
@@ -575,24 +162,24 @@ def write_csv(results: Sequence[BenchResult], path) -> Path:
 
 # ----------------------------------------------------------------------------------------------- bench
 
-Target = Union[None, str, Spec, Callable, Dict[str, Callable], Sequence[Callable]]
+BenchTarget = Union[None, str, Spec, Callable, Dict[str, Callable], Sequence[Callable]]
 
 
-def _contenders(target: Target, spec: Optional[Spec]) -> Tuple[Dict[str, Callable], Optional[Spec]]:
-    if isinstance(target, str):
-        card_spec, target = load_card(target)
-        spec = spec or card_spec
-    elif isinstance(target, Spec):
-        spec, target = target, None
+def _contenders(target: BenchTarget, spec: Optional[Spec], kernels_dir,
+                device) -> Tuple[Dict[str, Callable], Optional[Spec], torch.device]:
+    """(contenders by name, spec, device): a card name, Spec or callable through :func:`.target.resolve`
+    (a card's op is "kernelkit"); a dict or list of callables as given."""
     if target is None:
         if spec is None:
             raise TypeError("bench: give an op (or contenders) or a spec/card name")
-        return {"kernelkit": spec.resolve_op()}, spec
-    if isinstance(target, dict):
-        return dict(target), spec
-    if callable(target):
-        return {"kernelkit" if spec is not None else getattr(target, "__name__", "op"): target}, spec
-    return {getattr(f, "__name__", f"op{i}"): f for i, f in enumerate(target)}, spec
+        target = spec
+    if isinstance(target, (str, Spec)) or callable(target):
+        t = resolve(target, spec=spec, kernels_dir=kernels_dir, device=device)
+        name = "kernelkit" if t.spec is not None else getattr(t.op, "__name__", "op")
+        return {name: t.op}, t.spec, t.device
+    fns = dict(target) if isinstance(target, dict) else \
+        {getattr(f, "__name__", f"op{i}"): f for i, f in enumerate(target)}
+    return fns, spec, torch.device(device if device is not None else default_device(spec) or "cpu")
 
 
 @contextlib.contextmanager
@@ -618,12 +205,12 @@ def _make_inputs(spec: Spec, inputs) -> Callable[..., tuple]:
     return lambda shape, dtype=None, device=None, generator=None: given  # noqa: ARG005
 
 
-def bench(target: Target = None, inputs=None, *, spec: Optional[Spec] = None, reference: Optional[Callable] = None,
+def bench(target: BenchTarget = None, inputs=None, *, spec: Optional[Spec] = None, reference: Optional[Callable] = None,
           sizes: Optional[Sequence[Tuple[int, ...]]] = None, dtype: Optional[torch.dtype] = None, device=None,
           compile: Optional[bool] = None, graph: bool = False, flush_l2: bool = True,
           budget_ms: Optional[float] = None, warmup_ms: Optional[float] = None, host_overhead: bool = True,
           floor: bool = True, copy_floor: bool = False, max_numel: Optional[int] = None, seed: int = 0,
-          progress: Optional[Callable[[str], None]] = None) -> BenchResult:
+          progress: Optional[Callable[[str], None]] = None, kernels_dir=None) -> BenchResult:
     """Time ``target`` over a size sweep, side by side with the eager reference, ``torch.compile(reference)``
     and the bandwidth floor.
 
@@ -635,12 +222,11 @@ def bench(target: Target = None, inputs=None, *, spec: Optional[Spec] = None, re
     sizes (noted). Bytes moved come from ``spec.bytes_moved(args, out)``, else all tensor args + outputs.
     ``copy_floor=True`` adds a measured floor, the contender "copy": a device copy moving the same bytes
     (half read, half written), timed in the same rounds. At sizes where launch and memory latency rule,
-    bytes/bandwidth says nothing; a copy shows what any kernel moving those bytes takes.
+    bytes/bandwidth says nothing; a copy shows what any kernel moving those bytes takes. A card name is
+    searched in ``kernels_dir`` (default: KERNELKIT_PATH + the built-in cards).
     """
-    contenders, spec = _contenders(target, spec)
+    contenders, spec, device = _contenders(target, spec, kernels_dir, device)
     reference = reference if reference is not None else spec.reference if spec is not None else None
-    device = torch.device(device if device is not None else
-                          "cuda" if torch.cuda.is_available() and (spec is None or "cuda" in spec.devices) else "cpu")
     on_gpu = device.type == "cuda"
     dtype = dtype or (spec.bench_dtype if spec is not None else torch.float32)
     if reference is not None and "eager" not in contenders:
@@ -685,14 +271,6 @@ def bench(target: Target = None, inputs=None, *, spec: Optional[Spec] = None, re
     return result
 
 
-def _copy_contender(nbytes: int, device: torch.device) -> Callable:
-    """A device copy that moves ``nbytes`` in all: half read, half written (torch copies contiguous bytes
-    with cudaMemcpyAsync on a GPU, memcpy on a CPU)."""
-    src = torch.ones(max(1, nbytes // 2), dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    return lambda: dst.copy_(src)
-
-
 def _bench_size(result: BenchResult, contenders: Dict[str, Callable], args: tuple, size, bytes_moved, bw,
                 timing_kw: dict, progress, copy_floor: bool = False) -> None:
     """Time every contender on one size's inputs, side by side (one call of each in turn); add the floor."""
@@ -714,7 +292,7 @@ def _bench_size(result: BenchResult, contenders: Dict[str, Callable], args: tupl
         if moved is None:
             rows[COPY]["error"] = RuntimeError("no contender ran, so the bytes to copy are unknown")
         else:
-            ready[COPY] = _copy_contender(moved, torch.device(result.device))
+            ready[COPY] = copy_contender(moved, torch.device(result.device))
     samples: Dict[str, List[float]] = {}
     for cname, outcome in time_together(ready, result.device, **timing_kw).items():
         if isinstance(outcome, Exception):

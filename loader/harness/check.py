@@ -3,10 +3,12 @@
 Every trial draws fresh inputs (seeded, reproducible) over a shape set that includes 1, odd sizes,
 non-multiples of block/vector widths and empty tensors; odd trials pass non-contiguous views. Every
 buffer the op sees sits between NaN guard bands, outputs given through ``out=`` are NaN-poisoned, and
-the allocator is poisoned before the call, so skipped elements and stray writes show up. Values are
-compared with dtype-aware tolerances against the reference in the same dtype and in float64 (an element
-passes when it is close to either); ops with a backward get ``torch.autograd.gradcheck`` in float64, and
-random ops are tested statistically instead (``stats.py``).
+the allocator is poisoned before the call (``guard.py``), so skipped elements and stray writes show up.
+Values are compared with dtype-aware tolerances against the reference in the same dtype and in float64
+(an element passes when it is close to either: ``compare.py``); ops with a backward get
+``torch.autograd.gradcheck`` in float64, random ops are tested statistically instead (``stats.py``), and a
+torch custom op is held to its contract: opcheck, torch.compile, CUDA graphs, the current stream
+(``contract.py``).
 """
 from __future__ import annotations
 
@@ -14,155 +16,19 @@ import dataclasses
 import hashlib
 import math
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ..errors import KernelkitError
-from . import report
-from .spec import Spec, load_card
+from . import contract as _contract
+from .compare import check_meta, clone, compare, flat_outputs, map_tensors, upcast
+from .guard import Guarded, bits, index, poison_allocator
+from .results import Case, CheckResult
+from .spec import Spec
 from .stats import test_samples
+from .target import resolve
 
-GUARD = 1024  # elements of NaN guard band on each side of every buffer the op sees
-CHUNK = 1 << 24  # elements compared at a time (keeps > 2**31-element checks within memory)
 GRADCHECK_MAX_NUMEL = 256
-
-
-class CheckError(KernelkitError, AssertionError):
-    """``CheckResult.raise_for_status()``: the op disagrees with its reference; ``.result`` has details."""
-
-    def __init__(self, result: "CheckResult"):
-        self.result = result
-        super().__init__(result.message())
-
-
-@dataclasses.dataclass
-class Mismatch:
-    index: Tuple[int, ...]
-    got: Any
-    expected: Any
-    expected64: Any = None
-
-    def format(self) -> str:
-        s = f"index {self.index}: got {_val(self.got)}, expected {_val(self.expected)}"
-        return s + (f" (float64 reference {_val(self.expected64)})" if self.expected64 is not None else "")
-
-
-@dataclasses.dataclass
-class Case:
-    """One call of the op (or one gradcheck / statistics run) and what was found."""
-
-    kind: str  # values | stats | seeding | gradcheck | backward
-    dtype: Optional[torch.dtype]
-    shape: Tuple[int, ...]
-    layout: str
-    trial: int
-    seed: int
-    ok: bool = True
-    max_abs: Optional[float] = None
-    max_rel: Optional[float] = None
-    max_abs64: Optional[float] = None
-    max_rel64: Optional[float] = None
-    min_p: Optional[float] = None
-    messages: List[str] = dataclasses.field(default_factory=list)
-    mismatches: List[Mismatch] = dataclasses.field(default_factory=list)
-
-    def fail(self, message: str) -> None:
-        self.ok = False
-        self.messages.append(message)
-
-    def title(self) -> str:
-        return (f"{self.kind} {_dtype_name(self.dtype)} shape {report.fmt_shape(self.shape)} {self.layout}"
-                f" trial {self.trial} (seed {self.seed})")
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["dtype"] = _dtype_name(self.dtype)
-        d["mismatches"] = [dict(m.__dict__, index=list(m.index)) for m in self.mismatches]
-        return d
-
-
-@dataclasses.dataclass
-class CheckResult:
-    name: str
-    device: str
-    cases: List[Case]
-    elapsed_s: float = 0.0
-    notes: List[str] = dataclasses.field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return all(c.ok for c in self.cases)
-
-    @property
-    def failures(self) -> List[Case]:
-        return [c for c in self.cases if not c.ok]
-
-    def raise_for_status(self) -> "CheckResult":
-        if not self.ok:
-            raise CheckError(self)
-        return self
-
-    def summary(self) -> str:
-        n, bad = len(self.cases), len(self.failures)
-        verdict = "ok" if not bad else f"FAIL ({bad} of {n} cases)"
-        return f"check {self.name} on {self.device}: {verdict}, {n} cases in {self.elapsed_s:.2f}s"
-
-    HEADERS = ("check", "dtype", "cases", "shapes", "max abs", "max rel", "f64 abs", "f64 rel", "min p", "status")
-
-    def rows(self) -> List[list]:
-        groups: Dict[tuple, List[Case]] = {}
-        for c in self.cases:
-            groups.setdefault((c.kind, _dtype_name(c.dtype)), []).append(c)
-        rows = []
-        for (kind, dtype), cs in groups.items():
-            def worst(attr, fn=max):
-                vals = [getattr(c, attr) for c in cs if getattr(c, attr) is not None]
-                return report.fmt_num(fn(vals)) if vals else "-"
-            bad = sum(not c.ok for c in cs)
-            status = "ok" if not bad else f"FAIL {bad}/{len(cs)}"
-            rows.append([kind, dtype, len(cs), len({c.shape for c in cs}), worst("max_abs"), worst("max_rel"),
-                         worst("max_abs64"), worst("max_rel64"), worst("min_p", min), status])
-        return rows
-
-    def details(self, max_cases: int = 3) -> str:
-        """The failures, readable: which case (kind, dtype, shape, layout, seed), what was wrong, where.
-        One failing case per distinct (kind, shape) first, so a pattern (e.g. always the last index) shows."""
-        firsts = list({(c.kind, c.shape): c for c in reversed(self.failures)}.values())[::-1]
-        shown = (firsts + [c for c in self.failures if c not in firsts])[:max_cases]
-        lines = []
-        for c in shown:
-            lines.append(f"- {c.title()}:")
-            lines += [f"    {m}" for m in c.messages]
-        if len(self.failures) > len(shown):
-            lines.append(f"... and {len(self.failures) - len(shown)} more failing cases")
-        return "\n".join(lines + [f"note: {n}" for n in self.notes])
-
-    def message(self) -> str:
-        return self.summary() + "\n" + self.details()
-
-    def __repr__(self) -> str:
-        text = report.text_table(self.HEADERS, self.rows())
-        return self.summary() + "\n" + text + ("\n" + self.details() if not self.ok or self.notes else "")
-
-    def _repr_html_(self) -> str:
-        details = self.details() if not self.ok or self.notes else ""
-        return report.html_table(self.HEADERS, self.rows(), title=self.summary(), details=details)
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "device": self.device, "ok": self.ok, "elapsed_s": self.elapsed_s,
-                "notes": self.notes, "rows": [dict(zip(self.HEADERS, r)) for r in self.rows()],
-                "failures": [c.to_dict() for c in self.failures[:20]], "message": self.message()}
-
-
-# --------------------------------------------------------------------------------------------- helpers
-
-def _dtype_name(dtype) -> str:
-    return str(dtype).replace("torch.", "") if dtype is not None else "-"
-
-
-def _val(v) -> str:
-    return f"{v:.8g}" if isinstance(v, float) else str(v)
 
 
 def _case_seed(seed: int, *parts) -> int:
@@ -170,164 +36,9 @@ def _case_seed(seed: int, *parts) -> int:
     return int(hashlib.sha256(repr((seed,) + parts).encode()).hexdigest()[:12], 16)
 
 
-def _map_tensors(x, fn):
-    if isinstance(x, torch.Tensor):
-        return fn(x)
-    if isinstance(x, (tuple, list)):
-        return type(x)(_map_tensors(v, fn) for v in x)
-    return x
-
-
-def _flat_outputs(x) -> List[Any]:
-    return list(x) if isinstance(x, (tuple, list)) else [x]
-
-
-def _upcast(t: torch.Tensor) -> torch.Tensor:
-    return t.double() if t.is_floating_point() else t
-
-
-def _clone(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().clone()
-
-
-# Guard-band fill: a signalling NaN with a payload. Reading it yields NaN; arithmetic on it yields a
-# *quiet* NaN (different bits), so a stray write of a computed NaN is still seen as a write.
-_SNAN = {torch.float64: (torch.int64, 0x7FF4A5A5A5A5A5A5), torch.float32: (torch.int32, 0x7FA5A5A5),
-         torch.float16: (torch.int16, 0x7D5A), torch.bfloat16: (torch.int16, 0x7FA5)}
-
-
-def _fill_sentinel(t: torch.Tensor) -> torch.Tensor:
-    if t.dtype in _SNAN:
-        int_dtype, bits = _SNAN[t.dtype]
-        t.view(int_dtype).fill_(bits)
-    else:
-        t.fill_(float("nan") if t.dtype.is_floating_point or t.dtype.is_complex else
-                True if t.dtype == torch.bool else torch.iinfo(t.dtype).max)
-    return t
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """(numel, itemsize) bytes, so NaNs compare equal to themselves."""
-    flat = torch.empty(t.numel(), dtype=t.dtype, device=t.device).copy_(t.detach().reshape(-1))
-    return flat.view(torch.uint8).view(flat.numel(), -1) if flat.numel() else flat.view(torch.uint8).view(0, 1)
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-class _Guarded:
-    """A tensor embedded in a larger flat buffer whose remaining memory (a band before, a band after and,
-    for strided views, the gaps between elements) holds a sentinel (a signalling NaN for floats). A read outside the
-    view produces NaN in the output; a write outside it changes the sentinel, which ``stray_writes``
-    reports."""
-
-    def __init__(self, like: torch.Tensor, strided: bool, fill: Optional[torch.Tensor] = None):
-        self.shape = tuple(like.shape)
-        self.strided = strided and like.dim() > 0
-        self.inner = like.numel() * (2 if self.strided else 1)
-        self.base = _fill_sentinel(torch.empty(2 * GUARD + self.inner, dtype=like.dtype, device=like.device))
-        self.view = self._embed(self.base)
-        if fill is not None:
-            self.view.copy_(fill)
-
-    def _embed(self, flat: torch.Tensor) -> torch.Tensor:
-        mid = flat[GUARD:GUARD + self.inner]
-        if self.strided:
-            return mid.view(*self.shape[:-1], 2 * self.shape[-1])[..., ::2]
-        return mid.view(self.shape)
-
-    def stray_writes(self, what: str) -> Optional[str]:
-        outside = torch.ones(self.base.numel(), dtype=torch.bool, device=self.base.device)
-        self._embed(outside).fill_(False)
-        sentinel = _fill_sentinel(torch.empty(1, dtype=self.base.dtype, device=self.base.device))
-        changed = ((_bits(self.base) != _bits(sentinel)).any(1) & outside).nonzero().flatten()
-        if changed.numel() == 0:
-            return None
-        p = int(changed[0])
-        if p < GUARD:
-            where = f"{GUARD - p} element(s) before its first element"
-        elif p >= GUARD + self.inner:
-            where = f"element +{p - GUARD - self.inner} past its end"
-        else:
-            where = f"in a gap of the strided view (storage offset {p - GUARD} from the view's start)"
-        return (f"{what}: wrote outside the tensor's elements: {changed.numel()} element(s) of the surrounding "
-                f"memory changed, first {where}")
-
-
-def _poison_allocator(like: Sequence[Any], device: torch.device) -> None:
-    """Fill and free a block of each expected output's size: the allocator then tends to hand the op a
-    NaN-filled block, so an element the op never writes reads NaN, not a stale correct value."""
-    for t in like:
-        if isinstance(t, torch.Tensor) and t.numel():
-            torch.empty(t.numel() * t.element_size(), dtype=torch.uint8, device=device).fill_(255)
-
-
-def _index(flat: int, shape: Sequence[int]) -> Tuple[int, ...]:
-    idx = []
-    for s in reversed(list(shape)):
-        idx.append(flat % s)
-        flat //= s
-    return tuple(reversed(idx))
-
-
-def _max(a: Optional[float], b: Optional[float]) -> Optional[float]:
-    return b if a is None else a if b is None else max(a, b)
-
-
-def compare(case: Case, name: str, got: Any, exp: Any, exp64: Any, rtol: float, atol: float,
-            limit: int = 5) -> None:
-    """Compare one output with the reference in the same dtype and (when given) in float64; an element
-    passes when it is close to either. Records max errors and the first ``limit`` mismatches in ``case``."""
-    if not isinstance(exp, torch.Tensor):
-        if got != exp:
-            case.fail(f"{name}: got {got!r}, expected {exp!r}")
-        return
-    if not _check_meta(case, name, got, exp):
-        return
-    g, e = got.detach().reshape(-1), exp.detach().reshape(-1)
-    e64 = exp64.detach().reshape(-1) if isinstance(exp64, torch.Tensor) else None
-    exact = not (got.is_floating_point() or got.is_complex())
-    n_bad = n_nonfinite = 0
-    found: List[Mismatch] = []
-    for start in range(0, g.numel(), CHUNK):
-        sl = slice(start, start + CHUNK)
-        if exact:
-            bad = g[sl] != e[sl]
-        else:
-            gc, ec = g[sl].double(), e[sl].double()
-            close = torch.isclose(gc, ec, rtol=rtol, atol=atol, equal_nan=True)
-            case.max_abs, case.max_rel = _errors(case.max_abs, case.max_rel, gc, ec, atol)
-            if e64 is not None:
-                e6 = e64[sl].double()
-                close |= torch.isclose(gc, e6, rtol=rtol, atol=atol, equal_nan=True)
-                case.max_abs64, case.max_rel64 = _errors(case.max_abs64, case.max_rel64, gc, e6, atol)
-            bad = ~close
-            n_nonfinite += int((~torch.isfinite(gc) & torch.isfinite(ec)).sum())
-        n_bad += int(bad.sum())
-        for i in bad.nonzero().flatten()[: max(0, limit - len(found))].tolist():
-            k = start + i
-            found.append(Mismatch(_index(k, exp.shape), g[k].item(), e[k].item(),
-                                  e64[k].item() if e64 is not None else None))
-    if n_bad:
-        case.mismatches += found
-        tol = "exact" if exact else f"rtol={rtol:g}, atol={atol:g}"
-        extra = f"; {n_nonfinite} NaN/inf where the reference is finite" if n_nonfinite else ""
-        where = f"at {found[0].format()}" if len(found) == 1 else \
-            "first at:" + "".join(f"\n      {m.format()}" for m in found)
-        case.fail(f"{name}: {n_bad} of {g.numel()} elements differ ({tol}){extra}; {where}")
-
-
-def _errors(max_abs, max_rel, g: torch.Tensor, e: torch.Tensor, atol: float):
-    finite = torch.isfinite(g) & torch.isfinite(e)
-    if not bool(finite.any()):
-        return max_abs, max_rel
-    err = (g - e).abs()[finite]
-    ref = e.abs()[finite]
-    big = ref > max(atol, 1e-30)
-    rel = float((err[big] / ref[big]).max()) if bool(big.any()) else None
-    return _max(max_abs, float(err.max())), _max(max_rel, rel)
 
 
 # ------------------------------------------------------------------------------------------------ cases
@@ -354,20 +65,20 @@ class _Plan:
 def _run_values(plan: _Plan, case: Case, args: tuple, use_out: bool) -> None:
     spec, device = plan.spec, plan.device
     try:
-        expected = plan.reference(*_map_tensors(args, _clone))
+        expected = plan.reference(*map_tensors(args, clone))
         low = case.dtype is not None and case.dtype.is_floating_point and case.dtype != torch.float64
-        expected64 = plan.reference(*_map_tensors(args, _upcast)) if low and case.kind == "values" else None
+        expected64 = plan.reference(*map_tensors(args, upcast)) if low and case.kind == "values" else None
     except Exception as e:  # noqa: BLE001 - inputs the reference rejects: the op must reject them too
         return _expect_error(plan, case, args, e)
     strided = case.layout.startswith("strided")
-    guards = {i: _Guarded(a, strided, fill=a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+    guards = {i: Guarded(a, strided, fill=a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
     call_args = tuple(guards[i].view if i in guards else a for i, a in enumerate(args))
     kwargs, outs = {}, []
     if use_out:
-        outs = [_Guarded(t, strided) for t in _flat_outputs(expected)]
+        outs = [Guarded(t, strided) for t in flat_outputs(expected)]
         views = [o.view for o in outs]
         kwargs[spec.out_arg] = views[0] if not isinstance(expected, (tuple, list)) else tuple(views)
-    _poison_allocator(_flat_outputs(expected), device)
+    poison_allocator(flat_outputs(expected), device)
     if spec.random:
         torch.manual_seed(case.seed)
     try:
@@ -380,27 +91,27 @@ def _run_values(plan: _Plan, case: Case, args: tuple, use_out: bool) -> None:
         if msg:
             case.fail(msg)
         if i not in spec.mutates:
-            changed = (_bits(g.view) != _bits(args[i])).any(1).nonzero().flatten()
+            changed = (bits(g.view) != bits(args[i])).any(1).nonzero().flatten()
             if changed.numel():
                 case.fail(f"input {i}: the op modified its input in place ({changed.numel()} elements, first at "
-                          f"index {_index(int(changed[0]), args[i].shape)}); declare Spec.mutates if intended")
+                          f"index {index(int(changed[0]), args[i].shape)}); declare Spec.mutates if intended")
     for k, o in enumerate(outs):
         msg = o.stray_writes(f"{spec.out_arg}= buffer {k}")
         if msg:
             case.fail(msg)
     rtol, atol = plan.tol(case.dtype)
-    results = [o.view for o in outs] if use_out else _flat_outputs(got)
-    exps, exps64 = _flat_outputs(expected), _flat_outputs(expected64) if expected64 is not None else None
+    results = [o.view for o in outs] if use_out else flat_outputs(got)
+    exps, exps64 = flat_outputs(expected), flat_outputs(expected64) if expected64 is not None else None
     if len(results) != len(exps):
         return case.fail(f"the op returned {len(results)} outputs, the reference {len(exps)}")
     for k, (r, e) in enumerate(zip(results, exps)):
         name = f"{spec.out_arg}=" if use_out else "output" if len(exps) == 1 else f"output[{k}]"
         if spec.random:
-            if _check_meta(case, name, r, e):
+            if check_meta(case, name, r, e):
                 test_samples(case, r, args, spec, e)
         else:
             compare(case, name, r, e, exps64[k] if exps64 else None, rtol, atol, plan.limit)
-    returned = _flat_outputs(got)[0] if use_out and got is not None and not spec.random else None
+    returned = flat_outputs(got)[0] if use_out and got is not None and not spec.random else None
     if isinstance(returned, torch.Tensor) and returned.numel() and returned.data_ptr() == results[0].data_ptr():
         returned = None  # the out= tensor itself, compared above
     if returned is not None:
@@ -419,33 +130,20 @@ def _expect_error(plan: _Plan, case: Case, args: tuple, ref_error: Exception) ->
               f"shapes) must handle them")
 
 
-def _check_meta(case: Case, name: str, got: Any, exp: torch.Tensor) -> bool:
-    """A tensor of the reference output's shape, dtype and device?"""
-    if not isinstance(got, torch.Tensor):
-        case.fail(f"{name}: the op returned {type(got).__name__}, expected a tensor")
-        return False
-    for attr in ("shape", "dtype", "device"):
-        if getattr(got, attr) != getattr(exp, attr):
-            hint = " (wrong dtype handling: outputs must keep the reference's dtype)" if attr == "dtype" else ""
-            case.fail(f"{name}: {attr} {getattr(got, attr)}, expected {getattr(exp, attr)}{hint}")
-            return False
-    return True
-
-
 def _run_seeding(plan: _Plan, case: Case, args: tuple) -> None:
     """Random ops: the same torch.manual_seed gives the same samples, successive calls new ones."""
     try:
         torch.manual_seed(case.seed)
-        a = _flat_outputs(plan.op(*args))[0]
+        a = flat_outputs(plan.op(*args))[0]
         torch.manual_seed(case.seed)
-        b = _flat_outputs(plan.op(*args))[0]
-        c = _flat_outputs(plan.op(*args))[0]
+        b = flat_outputs(plan.op(*args))[0]
+        c = flat_outputs(plan.op(*args))[0]
         _sync(plan.device)
     except Exception as e:  # noqa: BLE001
         return case.fail(f"the op raised {type(e).__name__}: {e}")
-    if not torch.equal(_bits(a), _bits(b)):
+    if not torch.equal(bits(a), bits(b)):
         case.fail("not reproducible: the same torch.manual_seed gave different samples")
-    if a.numel() > 1 and torch.equal(_bits(a), _bits(c)):
+    if a.numel() > 1 and torch.equal(bits(a), bits(c)):
         case.fail("two successive calls returned identical samples: the generator's offset is not advanced")
 
 
@@ -453,7 +151,7 @@ def _run_gradcheck(plan: _Plan, case: Case, args: tuple, grad_inputs: Sequence[i
     subsets = [tuple(grad_inputs)] + ([(i,) for i in grad_inputs] if len(grad_inputs) > 1 else [])
     for subset in subsets:
         inputs = tuple(a.detach().requires_grad_(i in subset) if i in grad_inputs else a
-                       for i, a in enumerate(_map_tensors(args, _clone)))
+                       for i, a in enumerate(map_tensors(args, clone)))
         try:
             torch.autograd.gradcheck(plan.op, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, raise_exception=True)
         except Exception as e:  # noqa: BLE001 - GradcheckError, or the backward raising
@@ -475,7 +173,7 @@ def _run_backward(plan: _Plan, case: Case, args: tuple, grad_inputs: Sequence[in
 
     try:
         exp = grads(plan.reference, args)
-        exp64 = grads(plan.reference, _map_tensors(args, _upcast)) if case.dtype != torch.float64 else None
+        exp64 = grads(plan.reference, map_tensors(args, upcast)) if case.dtype != torch.float64 else None
     except Exception as e:  # noqa: BLE001
         return case.fail(f"the reference's backward raised {type(e).__name__}: {e}")
     try:
@@ -496,47 +194,41 @@ def _run_backward(plan: _Plan, case: Case, args: tuple, grad_inputs: Sequence[in
 InputsArg = Union[None, tuple, list, Callable[..., tuple]]
 
 
-def _resolve(op, reference, spec: Optional[Spec], inputs: InputsArg) -> Tuple[Callable, Callable, Spec, bool]:
-    """(op, reference, spec, fixed): a card name or Spec stands for its op; explicit inputs override the
-    spec's generator. ``fixed`` says the inputs are given values (not a generator)."""
-    if isinstance(op, str):
-        card_spec, op = load_card(op)
-        spec = spec or card_spec
-    elif isinstance(op, Spec):
-        spec, op = op, op.resolve_op()
+def _resolve(op, reference, spec: Optional[Spec], inputs: InputsArg, kernels_dir, device):
+    """(op, reference, spec, device, fixed): a card name or Spec stands for its op (:func:`.target.resolve`);
+    explicit inputs override the spec's generator. ``fixed`` says the inputs are given values (not a
+    generator)."""
+    target = resolve(op, spec=spec, kernels_dir=kernels_dir, device=device)
+    op, spec = target.op, target.spec
     reference = reference if reference is not None else spec.reference if spec is not None else None
     if reference is None:
         raise TypeError("check: give a reference (or a spec/card name that has one)")
     fixed = inputs is not None and not callable(inputs)
-    make = inputs if callable(inputs) else spec.make_inputs if spec is not None and inputs is None else None
-    if fixed:
-        given = tuple(inputs)
-
-        def make(shape, dtype=None, device=None, generator=None):  # noqa: ARG001 - fixed values
-            return _map_tensors(given, lambda t: t.detach().to(device=device, dtype=dtype if t.is_floating_point()
-                                                                and dtype is not None else t.dtype).clone())
+    make = _fixed_inputs(tuple(inputs)) if fixed else inputs if callable(inputs) else \
+        spec.make_inputs if spec is not None else None
     if make is None:
         raise TypeError("check: give inputs= (a tuple of args, or make_inputs(shape, dtype=, device=, generator=)) "
                         "or a spec")
     name = spec.name if spec is not None else getattr(op, "__name__", "op")
     spec = dataclasses.replace(spec, make_inputs=make) if spec is not None else \
         Spec(name=name, reference=reference, make_inputs=make)
-    return op, reference, spec, fixed
+    return op, reference, spec, target.device, fixed
 
 
-def _default_device(spec: Spec) -> str:
-    if torch.cuda.is_available() and "cuda" in spec.devices:
-        return "cuda"
-    if "cpu" in spec.devices:
-        return "cpu"
-    raise KernelkitError(f"{spec.name}: implemented for {list(spec.devices)} only, and no CUDA GPU is available")
+def _fixed_inputs(given: tuple) -> Callable[..., tuple]:
+    """make_inputs for given values: copies of them on the requested device, floats in the requested dtype."""
+    def make(shape, dtype=None, device=None, generator=None):  # noqa: ARG001 - fixed values
+        return map_tensors(given, lambda t: t.detach().to(device=device, dtype=dtype if t.is_floating_point()
+                                                            and dtype is not None else t.dtype).clone())
+    return make
 
 
 def check(op, reference: Optional[Callable] = None, inputs: InputsArg = None, *, spec: Optional[Spec] = None,
           shapes: Optional[Sequence[Tuple[int, ...]]] = None, dtypes: Optional[Sequence[torch.dtype]] = None,
           device=None, trials: int = 5, seed: int = 0, rtol: Optional[float] = None, atol: Optional[float] = None,
           gradcheck: Optional[bool] = None, random: Optional[bool] = None, large: bool = False,
-          raise_on_fail: bool = False, max_mismatches: int = 5) -> CheckResult:
+          raise_on_fail: bool = False, max_mismatches: int = 5, contract: bool = True,
+          kernels_dir=None) -> CheckResult:
     """Check ``op`` against ``reference``.
 
     ``op`` is a callable, a card name or a :class:`Spec`. Inputs come from ``inputs`` (a tuple of args, a
@@ -545,15 +237,17 @@ def check(op, reference: Optional[Callable] = None, inputs: InputsArg = None, *,
     (non-contiguous) inputs, and, where the spec names an ``out_arg``, returned vs ``out=`` outputs.
     ``large=True`` adds the spec's > 2**31-element shapes (one trial, contiguous). ``gradcheck`` defaults
     to "the spec has grad_inputs"; ``random`` to ``spec.random`` (statistical checks instead of equality).
+    ``contract`` (default on) holds a torch custom op to its contract, once, on a small case of the first
+    dtype (``contract.py``). A card name is searched in ``kernels_dir`` (default: KERNELKIT_PATH + the
+    built-in cards).
     """
     t0 = time.perf_counter()
-    op, reference, spec, fixed = _resolve(op, reference, spec, inputs)
+    op, reference, spec, device, fixed = _resolve(op, reference, spec, inputs, kernels_dir, device)
     if random is not None:
         spec = dataclasses.replace(spec, random=random)
-    device = torch.device(device if device is not None else _default_device(spec))
     plan = _Plan(op, reference, spec, device, rtol, atol, max_mismatches)
     if fixed:
-        first = next((t for t in _flat_outputs(tuple(inputs)) if isinstance(t, torch.Tensor)), None)
+        first = next((t for t in flat_outputs(tuple(inputs)) if isinstance(t, torch.Tensor)), None)
         shapes = [tuple(first.shape) if first is not None else ()]
         dtypes = dtypes or [first.dtype if first is not None and first.is_floating_point() else None]
         trials = min(trials, 2)
@@ -562,8 +256,10 @@ def check(op, reference: Optional[Callable] = None, inputs: InputsArg = None, *,
     result = CheckResult(spec.name, str(device), [])
     layouts = ["contiguous", "strided"] if spec.noncontiguous else ["contiguous"]
 
-    def new_case(kind, dtype, shape, layout, trial) -> Case:
-        case = Case(kind, dtype, shape, layout, trial, _case_seed(seed, kind, str(dtype), shape, layout, trial))
+    def new_case(kind, dtype, shape, layout, trial, case_seed=None) -> Case:
+        if case_seed is None:
+            case_seed = _case_seed(seed, kind, str(dtype), shape, layout, trial)
+        case = Case(kind, dtype, shape, layout, trial, case_seed)
         result.cases.append(case)
         return case
 
@@ -587,10 +283,19 @@ def check(op, reference: Optional[Callable] = None, inputs: InputsArg = None, *,
             for shape in nonempty[:3]:
                 case = new_case("backward", dtype, shape, "contiguous", 0)
                 _run_backward(plan, case, plan.inputs(shape, dtype, case.seed), spec.grad_inputs)
+    contract_shape = _small_shape(shapes)
+    if contract and dtypes and contract_shape is not None:
+        _contract.check(plan, new_case, contract_shape, dtypes[0], _case_seed(seed, "contract"))
     if large:
         _large(plan, result, new_case, dtypes, shapes)
     _gradchecks(plan, result, new_case, shapes, dtypes, gradcheck)
     return _finish(result, t0, raise_on_fail)
+
+
+def _small_shape(shapes) -> Optional[Tuple[int, ...]]:
+    """The first shape of more than one element (else of one), None when every shape is empty."""
+    nonempty = [s for s in shapes if math.prod(s) > 0]
+    return next((s for s in nonempty if math.prod(s) > 1), nonempty[0] if nonempty else None)
 
 
 def _gradchecks(plan: _Plan, result: CheckResult, new_case, shapes, dtypes, gradcheck: Optional[bool]) -> None:
@@ -611,7 +316,7 @@ def _gradchecks(plan: _Plan, result: CheckResult, new_case, shapes, dtypes, grad
             case = new_case("gradcheck", torch.float64, shape, layout, 0)
             args = plan.inputs(shape, torch.float64, case.seed)
             if layout == "strided":
-                args = tuple(_Guarded(a, True, fill=a).view if isinstance(a, torch.Tensor) else a for a in args)
+                args = tuple(Guarded(a, True, fill=a).view if isinstance(a, torch.Tensor) else a for a in args)
             _run_gradcheck(plan, case, args, grad_inputs)
 
 

@@ -25,8 +25,11 @@ from ..jit import build as _build
 from ..jit.cards import all_cards, find
 from ..jit.plan import plan_card
 from . import report
-from .bench import BenchResult, bench, device_bandwidth, device_name, write_csv
-from .check import CheckResult, check
+from .bandwidth import device_bandwidth, device_name
+from .bench import BenchResult, bench, write_csv
+from .check import check
+from .results import CheckResult
+from .target import resolve
 
 CPU_MAX_NUMEL = 1 << 22  # CPU sweeps stop here: the GPU-sized sweeps would take minutes on a laptop
 
@@ -175,7 +178,7 @@ def run_card(card, gpu: bool, opts: Options, say: Callable[[str], None], built: 
     say(f"{card.name}: build {cr.build} (load {time.perf_counter() - t0:.1f} s), mode {cr.mode}")
     if device is None:
         return cr
-    op = spec.resolve_op(lib)
+    op = resolve(spec, lib=lib, device=device).op
     if opts.check:
         try:
             cr.check = check(op, spec=spec, device=device, trials=2 if opts.quick else opts.trials)

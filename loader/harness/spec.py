@@ -12,9 +12,6 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .. import ops
-from ..errors import KernelkitError
-from ..jit import api
 
 Shape = Tuple[int, ...]
 
@@ -40,7 +37,8 @@ class Spec:
     #: pure-PyTorch implementation, same positional signature as the op
     reference: Callable[..., Any]
     make_inputs: Callable[..., tuple]
-    #: public op function, e.g. ``kernelkit.ops.sigmoid``; resolved lazily by name when None
+    #: public op function, e.g. ``kernelkit.ops.sigmoid``; when None, the card's op by name
+    #: (``kernelkit.harness.target.card_op``)
     op: Optional[Callable[..., Any]] = None
     #: sources relative to the card's directory; default ``[<name>.cu]`` (or ``<name>.cpp``)
     sources: Optional[Sequence[str]] = None
@@ -88,22 +86,6 @@ class Spec:
     def dtypes_for(self, device: Union[str, torch.device]) -> Sequence[torch.dtype]:
         return tuple(self.device_dtypes.get(torch.device(device).type, self.dtypes))
 
-    def resolve_op(self, lib: Any = None) -> Callable[..., Any]:
-        """The public op: ``op`` when set, else ``kernelkit.ops.<name>``, else (a card outside kernelkit)
-        the op ``<name>`` of ``lib``, the card's loaded :class:`kernelkit.Library`."""
-        if self.op is not None:
-            return self.op
-        if hasattr(ops, self.name) or lib is None:
-            return getattr(ops, self.name)
-        return getattr(lib, self.name)
-
     def default_sources(self) -> Sequence[str]:
         return list(self.sources) if self.sources is not None else []
 
-
-def load_card(name: str, kernels_dir: Any = None) -> Tuple[Spec, Callable[..., Any]]:
-    """Build/load the card ``name`` and return (its spec, its public op)."""
-    lib = api.load(name, kernels_dir=kernels_dir)
-    if lib.spec is None:
-        raise KernelkitError(f"card {name!r} has no spec ({name}.py defining SPEC)")
-    return lib.spec, lib.spec.resolve_op(lib)

@@ -20,7 +20,7 @@ import torch
 
 from ..errors import KernelkitError
 from . import build as _build
-from . import cache, plan, prebuilt
+from . import cache, plan, prebuilt, registry
 from .cards import Card, find as find_card
 from .library import Library, import_extension
 from .progress import say
@@ -28,17 +28,9 @@ from .progress import say
 log = logging.getLogger("kernelkit")
 
 _LOCK = threading.RLock()
-_BY_KEY: Dict[str, Library] = {}  # every card/inline build loaded in this process (a .so cannot be unloaded)
-_LATEST: Dict[str, Library] = {}  # card/inline name -> its newest build
+# the loaded builds and each name's current one live in jit.registry (kernelkit.ops reads them there)
+_LATEST = registry.LATEST
 _EXTENSIONS: Dict[str, tuple] = {}  # torch-style build key -> (what load returned, the built file)
-_ON_ACTIVATE: List = []  # callbacks(lib) run whenever a name switches to another already-set-up build
-
-
-def on_activate(callback) -> None:
-    """Call ``callback(lib)`` whenever ``load`` makes an earlier build of a name its newest again (an
-    edit undone: the build is reused, its card's ``setup`` is not run again). New builds are announced
-    by their card's ``setup(lib)``."""
-    _ON_ACTIVATE.append(callback)
 
 
 @dataclasses.dataclass
@@ -67,14 +59,12 @@ def obtain(target: _build.Target, prebuilt_ok: bool = True):
 
 def _open(target: _build.Target, card: Optional[Card], options: dict, do_load: bool):
     with _LOCK:
-        lib = _BY_KEY.get(target.key)
+        lib = registry.by_key(target.key)
         if lib is not None:  # unchanged: no compiler, no dlopen, no hashing of the .so
             if card is not None:  # identical content may live elsewhere: watch the files asked for now
                 lib.card, lib._options = card, options
-            if _LATEST.get(target.name) is not lib:
-                _LATEST[target.name] = lib
-                for callback in _ON_ACTIVATE:
-                    callback(lib)
+            if registry.latest(target.name) is not lib:
+                registry.activate(lib)
             return lib
         so, cached, seconds = obtain(target)
         if not do_load:
@@ -86,9 +76,8 @@ def _open(target: _build.Target, card: Optional[Card], options: dict, do_load: b
         lib._options = options
         module = card.module() if card is not None else None
         if module is not None and hasattr(module, "setup"):
-            module.setup(lib)  # the card's fake/autograd registrations, for this build's namespace
-        _BY_KEY[target.key] = lib
-        _LATEST[target.name] = lib
+            module.setup(lib)  # optional: the card's fake/autograd registrations, for this build's namespace
+        registry.add(lib)  # its ops are bound for kernelkit.ops from the dispatcher, no card code needed
         return lib
 
 
@@ -348,7 +337,7 @@ def _verbose(verbose: Optional[bool]) -> None:
 def library(name: str) -> Library:
     """The newest loaded build of ``name``, loading it on first use. No freshness check: cheap enough
     for every call of an op. Use :func:`load` or :func:`refresh` to pick up edits."""
-    lib = _LATEST.get(name)
+    lib = registry.latest(name)
     if lib is None:
         lib = load(name)
     return lib
@@ -361,12 +350,23 @@ def reload(lib: Library) -> Library:
     return load(opts.pop("name"), **opts)
 
 
+_GONE: Dict[str, str] = {}  # card name -> the file of it found missing (noted once, until it is back)
+
+
 def refresh() -> List[str]:
-    """Reload every card loaded in this process whose sources changed; returns the names reloaded."""
+    """Reload every card loaded in this process whose sources changed; returns the names reloaded. A card
+    whose files are gone keeps its loaded build and is skipped with a one-line warning, once."""
     changed = []
     for name, lib in list(_LATEST.items()):
         if lib.card is None:
             continue
+        gone = lib.card.missing_file()
+        if gone is not None:
+            if _GONE.get(name) != gone:
+                log.warning("kernelkit.refresh: skipping %s: %s is gone (the loaded build stays in use)", name, gone)
+            _GONE[name] = gone
+            continue
+        _GONE.pop(name, None)
         new = reload(lib)
         if new is not lib:
             changed.append(name)

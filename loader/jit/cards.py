@@ -6,16 +6,20 @@ directories in ``KERNELKIT_PATH`` followed by the cards that ship with kernelkit
 """
 from __future__ import annotations
 
+import ast
+import contextlib
 import dataclasses
 import hashlib
+import importlib.machinery
 import importlib.util
 import os
 import sys
+import traceback
 import types
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
 
-from ..errors import KernelkitError
+from ..errors import KernelkitError, SpecError
 
 PathLike = Union[str, os.PathLike]
 
@@ -35,6 +39,61 @@ def search_path(kernels_dir: Optional[Union[PathLike, Sequence[PathLike]]] = Non
     return env + [builtin_dir()]
 
 
+# ------------------------------------------------------------------------------------ running a spec
+def _from_dir(name: str, d: Path) -> bool:
+    """Whether module ``name`` belongs to a top-level module that was imported from directory ``d``."""
+    top = name.partition(".")[0]
+    spec = getattr(sys.modules.get(top), "__spec__", None)
+    places = [getattr(spec, "origin", None)] + list(getattr(spec, "submodule_search_locations", None) or [])
+    return any(isinstance(p, str) and Path(p).parent in (d, d / top) for p in places)
+
+
+class _CardDirFinder:
+    """Finds the top-level modules and packages that sit in one card directory (submodules are found through
+    their package's ``__path__``)."""
+
+    def __init__(self, d: Path):
+        self.d = str(d)
+
+    def find_spec(self, name, path=None, target=None):
+        return None if "." in name else importlib.machinery.PathFinder.find_spec(name, [self.d])
+
+
+@contextlib.contextmanager
+def _importable(d: Path) -> Iterator[None]:
+    """While a card's spec runs, what sits beside it imports, ahead of sys.path (a ``reference`` package
+    there wins even over a regular one elsewhere, which plain sys.path order would not give a directory
+    without ``__init__.py``); modules already imported keep their names.
+
+    What it imported from ``d`` leaves sys.modules again afterwards (the spec keeps it through its
+    globals): two card directories that each have a ``reference`` never get each other's, and a spec run
+    again after an edit imports the files beside it afresh too."""
+    before = set(sys.modules)
+    finder = _CardDirFinder(d)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        for name in sorted(set(sys.modules) - before, key=len, reverse=True):  # submodules before their parent
+            if _from_dir(name, d):
+                del sys.modules[name]
+
+
+def _failure(error: BaseException, path: Path) -> str:
+    """One line saying where in the spec ``path`` ``error`` was raised, and where exactly when that was in
+    a file the spec imports."""
+    frames = [(f.filename, f.lineno) for f in traceback.extract_tb(error.__traceback__)]
+    if isinstance(error, SyntaxError) and error.filename:  # the compiler's error: the place it points at
+        frames.append((error.filename, error.lineno))
+    ours = [line for file, line in frames if file == str(path)]
+    where = f"{path}:{ours[-1]}" if ours else str(path)
+    file, line = frames[-1] if frames else (str(path), None)
+    origin = "" if file == str(path) else f" (raised at {file}:{line})"
+    message = error.msg if isinstance(error, SyntaxError) else str(error)
+    return f"{where}: the card's spec failed to import: {type(error).__name__}: {message}{origin}"
+
+
 @dataclasses.dataclass
 class Card:
     name: str
@@ -44,7 +103,8 @@ class Card:
     _module_mtime: float = -1.0
 
     def module(self) -> Optional[types.ModuleType]:
-        """The card's Python file, imported (again when it changed on disk)."""
+        """The card's Python file, imported (again when it changed on disk). Anything it raises becomes a
+        SpecError naming the file and line (the original is its ``__cause__``)."""
         if self.spec_path is None:
             return None
         mtime = self.spec_path.stat().st_mtime
@@ -57,7 +117,11 @@ class Card:
             mod = importlib.util.module_from_spec(spec)
             sys.modules[modname] = mod
             try:
-                spec.loader.exec_module(mod)
+                with _importable(self.dir):
+                    spec.loader.exec_module(mod)
+            except Exception as e:  # noqa: BLE001 - the user's file may raise anything
+                sys.modules.pop(modname, None)
+                raise SpecError(_failure(e, self.spec_path)) from e
             except BaseException:
                 sys.modules.pop(modname, None)
                 raise
@@ -88,7 +152,61 @@ class Card:
     def has_cuda(self) -> bool:
         return any(s.suffix == ".cu" for s in self.sources())
 
+    def missing_file(self) -> Optional[str]:
+        """The file of this card that is gone from disk (its spec, a source), None while all are there."""
+        if self.spec_path is not None and not self.spec_path.is_file():
+            return str(self.spec_path)
+        sources = self.sources()
+        if not sources:
+            return str(self.dir / f"{self.name}.cu") + " (or .cpp)"
+        return next((str(s) for s in sources if not s.is_file()), None)
 
+
+# ------------------------------------------------------------------ a card's sources, without running it
+def _is_spec_call(node: ast.AST) -> bool:
+    func = getattr(node, "func", None)
+    return isinstance(node, ast.Call) and (getattr(func, "attr", None) or getattr(func, "id", None)) == "Spec"
+
+
+def _literal_sources(spec_file: Path) -> Optional[List[str]]:
+    """The ``sources=`` of the ``Spec(...)`` call in a spec file, read without running the file; None when
+    it passes none. ValueError when there is no such call or the value is computed; SyntaxError."""
+    calls = [n for n in ast.walk(ast.parse(spec_file.read_text(), str(spec_file))) if _is_spec_call(n)]
+    if len(calls) != 1:
+        raise ValueError(f"{spec_file}: not one Spec(...) call")
+    call = calls[0]
+    if len(call.args) > 4 or any(isinstance(a, ast.Starred) for a in call.args) or any(
+            kw.arg is None for kw in call.keywords):  # sources may be among *args / **kwargs
+        raise ValueError(f"{spec_file}: Spec(...) gets its arguments unpacked")
+    for kw in call.keywords:
+        if kw.arg == "sources":
+            value = ast.literal_eval(kw.value)
+            return None if value is None else [str(s) for s in value]
+    return None
+
+
+def declared_sources(name: str, d: Path, note: Callable[[str], None] = lambda message: None) -> List[str]:
+    """The sources of card ``name`` in ``d``, relative to ``d``, as Card.sources() gives them, read from
+    its spec's ``Spec(..., sources=[...])`` without running it (and so without importing torch) when they
+    are written out there; otherwise the spec is imported, and when that fails ``note`` gets why and the
+    card's own file is listed."""
+    spec_file = d / f"{name}.py"
+    listed = None
+    if spec_file.is_file():
+        try:
+            listed = _literal_sources(spec_file)
+        except (ValueError, SyntaxError):  # not a plain `Spec(..., sources=[...])`: only running it tells
+            try:
+                spec = _card(name, d).spec
+                listed = list(spec.sources or []) if spec is not None else None
+            except SpecError as e:
+                note(str(e))
+    if listed:
+        return listed
+    return [f"{name}{ext}" for ext in (".cu", ".cpp") if (d / f"{name}{ext}").is_file()][:1]
+
+
+# ------------------------------------------------------------------------------------ the search path
 def _is_card(d: Path, name: str) -> bool:
     return any((d / f"{name}{ext}").is_file() for ext in (".cu", ".cpp", ".py"))
 
@@ -98,9 +216,10 @@ _CARDS: Dict[Path, Card] = {}  # one Card object per file, so its imported spec 
 
 def _card(name: str, d: Path) -> Card:
     py = d / f"{name}.py"
+    spec_path = py if py.is_file() else None
     key = d / name
-    if key not in _CARDS:
-        _CARDS[key] = Card(name, d, py if py.is_file() else None)
+    if key not in _CARDS or _CARDS[key].spec_path != spec_path:  # a spec added or removed: a new card
+        _CARDS[key] = Card(name, d, spec_path)
     return _CARDS[key]
 
 

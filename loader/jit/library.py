@@ -67,12 +67,13 @@ class Library:
         return getattr(torch.ops, self.ns)
 
     def op_names(self) -> List[str]:
+        """The ops this build's ``KERNELKIT_LIBRARY`` block defines (without overload names)."""
         if self.ns is None:
             return []
         if self.__dict__.get("_op_names") is None:  # fixed once registered; the scan costs milliseconds
             prefix = self.ns + "::"
-            schemas = torch._C._jit_get_all_schemas()
-            self._op_names = sorted({s.name[len(prefix):] for s in schemas if s.name.startswith(prefix)})
+            names = torch._C._dispatch_get_all_op_names()  # "ns::op" or "ns::op.overload"
+            self._op_names = sorted({n[len(prefix):].split(".")[0] for n in names if n.startswith(prefix)})
         return self._op_names
 
     def qualname(self, op: str) -> str:

@@ -27,16 +27,28 @@ def display(path: Path) -> str:
         return str(path)
 
 
+def _holds(path: Path, data: bytes) -> bool:
+    try:
+        return path.is_file() and path.read_bytes() == data
+    except OSError:
+        return False
+
+
 def write_source(text: str, filename: str) -> Path:
-    """Generated or inline sources live in the cache under their content hash (written once)."""
+    """Generated or inline sources live in the cache under their content hash, written again when the
+    file there is not that text (truncated by a full disk, or tampered with)."""
     d = cache.subdir("src") / sha256_bytes(text.encode(), filename.encode())[:24]
     path = d / filename
-    if not path.is_file():
+    data = text.encode()
+    if not _holds(path, data):
         with cache.writing(d):
             d.mkdir(exist_ok=True, mode=0o700)
             tmp = d / f".{filename}.{os.getpid()}.tmp"
-            tmp.write_text(text)
-            os.replace(tmp, path)
+            try:
+                tmp.write_bytes(data)
+                os.replace(tmp, path)
+            finally:
+                tmp.unlink(missing_ok=True)
     return path
 
 

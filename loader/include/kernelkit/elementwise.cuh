@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include "dtype.cuh"
+#include "elementwise.h"
 #include "launch.cuh"
 #include "vec.cuh"
 
@@ -177,4 +178,26 @@ cudaError_t launch_elementwise(T* out, InPtrs<T, NIn> in, int64_t n, F f, cudaSt
   }
 }
 
+template <template <typename> class Op, typename T>
+cudaError_t unary_launch(const T* x, T* out, int64_t n, cudaStream_t stream) {
+  return launch_elementwise<T, 1>(out, InPtrs<T, 1>{{x}}, n, Op<acc_t<T>>{}, stream);
+}
+
+template <template <typename> class Op, typename T>
+cudaError_t binary_launch(const T* a, const T* b, T* out, int64_t n, cudaStream_t stream) {
+  return launch_elementwise<T, 2>(out, InPtrs<T, 2>{{a, b}}, n, Op<acc_t<T>>{}, stream);
+}
+
 }  // namespace kk
+
+// One line in a card's .cu: the launchers of <kernelkit/elementwise.h> for functor template OP, compiled
+// for float, double, __half and __nv_bfloat16 (at file scope; OP fully qualified, e.g. kk::ReluOp).
+#define KK_UNARY_LAUNCHER_T_(OP, T) template cudaError_t kk::unary_launch<OP, T>(const T*, T*, int64_t, cudaStream_t);
+#define KK_BINARY_LAUNCHER_T_(OP, T) \
+  template cudaError_t kk::binary_launch<OP, T>(const T*, const T*, T*, int64_t, cudaStream_t);
+#define KK_UNARY_LAUNCHER(OP)                                 \
+  KK_UNARY_LAUNCHER_T_(OP, float) KK_UNARY_LAUNCHER_T_(OP, double) \
+  KK_UNARY_LAUNCHER_T_(OP, __half) KK_UNARY_LAUNCHER_T_(OP, __nv_bfloat16)
+#define KK_BINARY_LAUNCHER(OP)                                  \
+  KK_BINARY_LAUNCHER_T_(OP, float) KK_BINARY_LAUNCHER_T_(OP, double) \
+  KK_BINARY_LAUNCHER_T_(OP, __half) KK_BINARY_LAUNCHER_T_(OP, __nv_bfloat16)

@@ -26,6 +26,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "elementwise.h"
 #include "philox.cuh"
 #endif
 
@@ -275,3 +276,129 @@ at::Tensor binary_elementwise(const char* op, const at::Tensor& a, const char* a
 }
 
 }  // namespace kk
+
+namespace kk {
+
+// out = Op(a, b) as binary_elementwise above, launched through binary_launch<Op> (KK_BINARY_LAUNCHER(Op)
+// in the card's .cu).
+template <template <typename> class Op>
+at::Tensor binary_elementwise(const char* op, const at::Tensor& a, const char* an, const at::Tensor& b,
+                              const char* bn) {
+#ifdef KERNELKIT_WITH_CUDA
+  return binary_elementwise<Op>(op, a, an, b, bn, [](auto... args) { return binary_launch<Op>(args...); });
+#else
+  return binary_elementwise<Op>(op, a, an, b, bn, [](auto...) { return 0; });
+#endif
+}
+
+// out = Op(x) elementwise for every unary elementwise card: x checked (float32/64/16, bfloat16) and made
+// contiguous, then unary_launch<Op> on CUDA (KK_UNARY_LAUNCHER(Op) in the card's .cu), or the CPU loop with
+// Op<opmath type>. `op` and `xn` name the op and its argument in errors.
+template <template <typename> class Op>
+at::Tensor unary_elementwise(const char* op, const at::Tensor& x, const char* xn) {
+  check_floating(op, x, xn);
+  const at::Tensor xc = x.contiguous();
+  at::Tensor out = new_output(xc.sizes(), xc);
+  KK_DISPATCH_FLOATING(out.scalar_type(), "kk::unary_elementwise", [&] {
+    if (out.is_cuda()) {
+      KK_CUDA_LAUNCH(out.device(), unary_launch<Op>(cuda_cptr<scalar_t>(xc), cuda_ptr<scalar_t>(out), out.numel(),
+                                                    at::cuda::getCurrentCUDAStream()));
+    } else {
+      cpu_elementwise<scalar_t>(out, Op<at::opmath_type<scalar_t>>{}, xc);
+    }
+  });
+  return out;
+}
+
+// ---- autograd for the common shapes --------------------------------------------------------------
+
+// Autograd kernel of an op without a backward: a call where a tensor argument requires grad (with grad mode
+// on) is refused at once, naming the arguments, instead of returning an output whose gradient is silently
+// missing. Register with kk::impl_autograd<kk::NoGrad>(m, "op").
+struct NoGrad {
+  static void apply_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const auto& args = op.schema().arguments();
+    std::string names;
+    for (size_t i = 0; i < args.size(); ++i) {
+      const c10::IValue& v = (*stack)[stack->size() - args.size() + i];
+      if (v.isTensor() && v.toTensor().requires_grad()) names += (names.empty() ? "" : ", ") + args[i].name();
+    }
+    const std::string& name = op.schema().name();
+    TORCH_CHECK(false, name.substr(name.find("::") + 2), ": not differentiable, but ", names,
+                " requires grad: pass .detach() of it, or call it under torch.no_grad()");
+  }
+};
+
+// What a unary op's backward needs: its input x, or its output f(x) (cheaper for sigmoid, tanh, exp).
+enum class Saved { Input, Output };
+
+// Autograd of a unary op `f(Tensor x) -> Tensor` whose gradient is its sibling op
+// `f_backward(Tensor grad, Tensor saved) -> Tensor` (same namespace), `saved` being x or f(x) per S.
+// Register with kk::impl_autograd<kk::UnaryAutograd<kk::Saved::Output>>(m, "f"). Double backward goes
+// through f_backward's own autograd kernel (see LinearBackwardAutograd).
+template <Saved S> struct UnaryAutograd : torch::autograd::Function<UnaryAutograd<S>> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const c10::OperatorHandle* op) {
+    ctx->saved_data["op"] = op->schema().name();
+    at::Tensor out;
+    {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      out = op->typed<UnarySig>().call(x);
+    }
+    ctx->save_for_backward({S == Saved::Output ? out : x});
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const std::string backward_op = ctx->saved_data["op"].toStringRef() + "_backward";
+    const auto bw = c10::Dispatcher::singleton().findSchemaOrThrow(backward_op.c_str(), "").typed<BinarySig>();
+    return {bw.call(grads[0], ctx->get_saved_variables()[0]), at::Tensor()};
+  }
+  static void apply_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    auto args = pop_args(stack, 1);
+    torch::jit::push(stack, UnaryAutograd<S>::apply(args[0].toTensor(), &op));
+  }
+};
+
+// Autograd of a backward op `f_backward(Tensor grad, Tensor saved) -> Tensor` that is linear in grad
+// (grad times a function of saved), so f has a double backward: d/dgrad = f_backward(gg, saved) (the op
+// itself), d/dsaved = DSaved{}(grad, saved, gg) written with ATen ops; each summed to its input's shape.
+template <typename DSaved> struct LinearBackwardAutograd : torch::autograd::Function<LinearBackwardAutograd<DSaved>> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& g, const at::Tensor& s,
+                            const c10::OperatorHandle* op) {
+    ctx->save_for_backward({g, s});
+    ctx->saved_data["op"] = op->schema().name();
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return op->typed<BinarySig>().call(g, s);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &g = saved[0], &s = saved[1], &gg = grads[0];
+    at::Tensor d_g, d_s;
+    if (ctx->needs_input_grad(0)) {
+      const std::string name = ctx->saved_data["op"].toStringRef();
+      const auto self = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), "").typed<BinarySig>();
+      d_g = at::sum_to(self.call(gg, s), g.sym_sizes());
+    }
+    if (ctx->needs_input_grad(1)) d_s = at::sum_to(DSaved{}(g, s, gg), s.sym_sizes());
+    return {d_g, d_s, at::Tensor()};
+  }
+  static void apply_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    auto args = pop_args(stack, 2);
+    torch::jit::push(stack, LinearBackwardAutograd<DSaved>::apply(args[0].toTensor(), args[1].toTensor(), &op));
+  }
+};
+
+}  // namespace kk
+
+// Register `fn` as the CPU and (in a build with CUDA) the CUDA kernel of op `name`, inside KERNELKIT_LIBRARY:
+// one function serves both when it branches on the device, as unary_elementwise/binary_elementwise do.
+#ifdef KERNELKIT_WITH_CUDA
+#define KK_IMPL_CPU_CUDA(m, name, fn)                                         \
+  do {                                                                        \
+    (m).impl(name, torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(fn)));     \
+    (m).impl(name, torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(fn)));    \
+  } while (0)
+#else
+#define KK_IMPL_CPU_CUDA(m, name, fn) (m).impl(name, torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(fn)))
+#endif

@@ -1,7 +1,7 @@
 """Diffusion Policy inference benchmark: kernelkit's ddpm_step / conv1d_gn_mish against eager PyTorch and
 torch.compile, per op over the U-Net's shapes and end to end (100-step denoise loop, batch 1 and 64).
 
-    python benchmarks/diffusion_bench.py --json diffusion_bench.json
+    PYTHONPATH=examples python -m diffusion_policy.bench --json diffusion_bench.json
 
 End-to-end contenders (median time per denoise loop, CUDA events, after warm-up):
   eager                 pure PyTorch U-Net + table DDPM step, Python loop (no host sync)
@@ -12,8 +12,8 @@ End-to-end contenders (median time per denoise loop, CUDA events, after warm-up)
   kernelkit+graph       the kernelkit loop captured as one CUDA graph
   kernelkit+compile     the kernelkit step under torch.compile(mode="reduce-overhead"), like torch.compile's
 Per op, "kernelkit" gets a (Cout, Cin, K)-contiguous weight, "kernelkit-model" the weight as use_kernelkit
-stores it (kernelkit.diffusion.preferred_weight_layout: channels-last from 2^19 elements) and
-"kernelkit-fused" the split kernel forced. Per-op timings (kernelkit.harness.bench.time_together: device time,
+stores it (surgery.preferred_weight_layout: channels-last from the card's layout threshold) and
+"kernelkit-fused" the split kernel forced. Per-op timings (kernelkit.harness.timing.time_together: device time,
 contenders in turn, paired ratio to torch.compile with a 95% interval) flush L2 before each convolution
 (the U-Net's 263 MB of weights never stay in L2 in a real loop), not before the DDPM step (its
 coefficient table does).
@@ -32,11 +32,14 @@ from pathlib import Path
 
 import torch
 
-import kernelkit.diffusion as kd
-from kernelkit.harness.bench import paired_ratio, time_together
-from kernelkit.reference import unet1d
+from kernelkit.harness.timing import paired_ratio, time_together
+from kernelkit.kernels.conv1d_gn_mish import conv1d_gn_mish as conv_kk
+from kernelkit.reference.conv1d_gn_mish import UNET_CONV_SHAPES
 from kernelkit.reference.conv1d_gn_mish import conv1d_gn_mish as conv_ref
 from kernelkit.reference.ddpm_step import ddpm_step as step_ref
+
+from . import denoise, surgery, unet
+from .surgery import kernelkit_step
 
 HORIZON, ACTION_DIM, OBS_DIM = 16, 2, 40
 _FLUSH = None
@@ -61,7 +64,7 @@ def loop_time_us(fn, reps: int, warmup: int = 2) -> dict:
 
 
 def time_ops(row: dict, contenders: dict, args, flush: bool) -> None:
-    """Device time per call of each contender, timed in turn (kernelkit.harness.bench.time_together: L2 flushed
+    """Device time per call of each contender, timed in turn (kernelkit.harness.timing.time_together: L2 flushed
     or not, shuffled rounds), into ``row``; plus kernelkit's paired ratio to torch.compile with its 95%
     interval."""
     res = time_together(contenders, "cuda", budget_ms=args.op_budget_ms, min_reps=args.op_reps, flush=flush)
@@ -96,17 +99,17 @@ def bench_ops(args, log) -> list:
     conv_c = _compiled(conv_ref) if args.op_compile else None
     g = torch.Generator(device="cuda").manual_seed(0)
     for batch in args.batches:
-        for cin, cout, length in unet1d.UNET_CONV_SHAPES:
+        for cin, cout, length in UNET_CONV_SHAPES:
             bound = 1 / (cin * 5) ** 0.5
             x = torch.randn(batch, cin, length, device="cuda", generator=g)
             w = torch.randn(cout, cin, 5, device="cuda", generator=g) * bound
             b = torch.randn(cout, device="cuda", generator=g) * bound
             gamma, beta = 1 + 0.1 * torch.randn(cout, device="cuda", generator=g), 0.1 * torch.randn(cout, device="cuda", generator=g)
             a = (x, w, b, gamma, beta, 8)
-            a_model = (x, kd.preferred_weight_layout(w)) + a[2:]  # the weight as use_kernelkit stores it
-            contenders = {"kernelkit": lambda: kd.conv1d_gn_mish(*a),
-                          "kernelkit-model": lambda: kd.conv1d_gn_mish(*a_model),
-                          "kernelkit-fused": lambda: kd.conv1d_gn_mish(*a, impl="fused")}
+            a_model = (x, surgery.preferred_weight_layout(w)) + a[2:]  # the weight as use_kernelkit stores it
+            contenders = {"kernelkit": lambda: conv_kk(*a),
+                          "kernelkit-model": lambda: conv_kk(*a_model),
+                          "kernelkit-fused": lambda: conv_kk(*a, impl="fused")}
             contenders["eager"] = lambda: conv_ref(*a)
             if conv_c is not None:
                 contenders["torch.compile"] = lambda: conv_c(*a)
@@ -117,13 +120,13 @@ def bench_ops(args, log) -> list:
             rows.append(row)
             log(f"  {row['shape']}: " + ", ".join(f"{k} {fmt_us(row[k])}" for k in contenders))
     # the DDPM step at the loop's shapes
-    sched = unet1d.DenoiseSchedule(100, device="cuda")
+    sched = denoise.DenoiseSchedule(100, device="cuda")
     step_c = _compiled(step_ref) if args.op_compile else None
     for batch in args.batches:
         eps, x, z = (torch.randn(batch, HORIZON, ACTION_DIM, device="cuda", generator=g) for _ in range(3))
         t = sched.timesteps[50]
-        contenders = {"kernelkit": lambda: kd.ddpm_step(eps, t, x, sched.coeffs, z),
-                      "kernelkit-philox": lambda: kd.ddpm_step(eps, t, x, sched.coeffs),
+        contenders = {"kernelkit": lambda: kernelkit_step(eps, t, x, sched.coeffs, z),
+                      "kernelkit-philox": lambda: kernelkit_step(eps, t, x, sched.coeffs),
                       "eager": lambda: step_ref(eps, t, x, sched.coeffs, z)}
         if step_c is not None:
             contenders["torch.compile"] = lambda: step_c(eps, t, x, sched.coeffs, z)
@@ -135,9 +138,9 @@ def bench_ops(args, log) -> list:
 
 
 def bench_e2e(args, log) -> list:
-    ref_model = unet1d.make_unet(seed=0, device="cuda")
-    kk_model = kd.use_kernelkit(unet1d.make_unet(seed=0, device="cuda"))
-    sched = unet1d.DenoiseSchedule(args.steps, device="cuda")
+    ref_model = unet.make_unet(seed=0, device="cuda")
+    kk_model = surgery.use_kernelkit(unet.make_unet(seed=0, device="cuda"))
+    sched = denoise.DenoiseSchedule(args.steps, device="cuda")
     rows = []
     for batch in args.batches:
         g = torch.Generator(device="cuda").manual_seed(batch)
@@ -149,12 +152,12 @@ def bench_e2e(args, log) -> list:
         reps = args.e2e_reps
         with torch.no_grad():
             loops = {
-                "eager": lambda: unet1d.denoise(ref_model, sched, x, obs, noise, step_ref),
-                "kernelkit": lambda: unet1d.denoise(kk_model, sched, x, obs, noise, kd.ddpm_step),
+                "eager": lambda: denoise.denoise(ref_model, sched, x, obs, noise, step_ref),
+                "kernelkit": lambda: denoise.denoise(kk_model, sched, x, obs, noise, kernelkit_step),
             }
             if args.compile:
                 def compiled_loop(model, step_fn):
-                    step = torch.compile(functools.partial(unet1d.denoise_step, model, sched.coeffs, step_fn=step_fn),
+                    step = torch.compile(functools.partial(denoise.denoise_step, model, sched.coeffs, step_fn=step_fn),
                                          mode="reduce-overhead", dynamic=False)
 
                     def loop():
@@ -167,10 +170,10 @@ def bench_e2e(args, log) -> list:
 
                 loops["torch.compile"] = compiled_loop(ref_model, step_ref)
                 # the kernelkit model under torch.compile: its ops are opaque to Inductor, which fuses the rest
-                loops["kernelkit+compile"] = compiled_loop(kk_model, kd.ddpm_step)
+                loops["kernelkit+compile"] = compiled_loop(kk_model, kernelkit_step)
             t0 = time.perf_counter()
-            loops["pytorch+graph"] = unet1d.CUDAGraphDenoiser(ref_model, sched, x, obs, noise, step_ref)
-            loops["kernelkit+graph"] = unet1d.CUDAGraphDenoiser(kk_model, sched, x, obs, noise, kd.ddpm_step)
+            loops["pytorch+graph"] = denoise.CUDAGraphDenoiser(ref_model, sched, x, obs, noise, step_ref)
+            loops["kernelkit+graph"] = denoise.CUDAGraphDenoiser(kk_model, sched, x, obs, noise, kernelkit_step)
             log(f"  batch {batch}: captured both graphs in {time.perf_counter() - t0:.1f} s")
             for name, fn in loops.items():
                 t0 = time.perf_counter()
@@ -232,7 +235,7 @@ def main(argv=None) -> int:
     p.add_argument("--bandwidth-tbs", type=float, default=3.0, help="device bandwidth for the per-op floor (TB/s)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
-        print("diffusion_bench: needs a CUDA GPU", file=sys.stderr)
+        print("diffusion_policy.bench: needs a CUDA GPU", file=sys.stderr)
         return 2
     if args.no_tf32:
         torch.backends.cudnn.allow_tf32 = False

@@ -1,0 +1,73 @@
+"""Finding and running NVIDIA's binary tools (cuobjdump) and c++filt."""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from ..errors import KernelkitError
+
+#: the PyPI package that ships each tool, for machines without the full CUDA toolkit
+PACKAGES = {"cuobjdump": "nvidia-cuda-cuobjdump", "nvdisasm": "nvidia-cuda-nvdisasm"}
+
+
+def _wheel_bins() -> List[Path]:
+    """bin/ folders of NVIDIA's PyPI packages (nvidia/cu13/bin, nvidia/cuda_cuobjdump/bin, ...)."""
+    spec = importlib.util.find_spec("nvidia")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    found = []
+    for root in spec.submodule_search_locations:
+        found += sorted(Path(root).glob("*/bin"), reverse=True)  # cu13 before cu12
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def find(name: str) -> str:
+    """The tool's path: CUDA_HOME/bin, CUDA_PATH/bin, PATH, /usr/local/cuda/bin, then NVIDIA's PyPI wheels."""
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    for home in filter(None, homes):
+        path = Path(home) / "bin" / name
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+    on_path = shutil.which(name)
+    if on_path:
+        return on_path
+    for d in [Path("/usr/local/cuda/bin"), *_wheel_bins()]:
+        path = d / name
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+    package = PACKAGES.get(name, name)
+    raise KernelkitError(f"kernelkit.inspect needs NVIDIA's {name}, found neither in CUDA_HOME/bin nor on PATH nor "
+                         f"in a PyPI wheel: pip install 'kernelkit[inspect]' (or pip install {package})")
+
+
+def run(tool: str, args: Sequence[str], path: Path) -> str:
+    """The tool's standard output for ``path``; its error output in the exception when it fails."""
+    cmd = [find(tool), *args, str(path)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=120)
+    except subprocess.TimeoutExpired:
+        raise KernelkitError(f"{tool} took over 120 s on {path}") from None
+    if done.returncode != 0:
+        why = (done.stderr or done.stdout).strip().splitlines()
+        raise KernelkitError(f"{tool} {' '.join(args)} failed on {path}: {why[-1] if why else done.returncode}")
+    return done.stdout
+
+
+def demangle(symbols: Sequence[str]) -> List[str]:
+    """C++ names for mangled symbols (one c++filt process for all); the symbol itself where it cannot."""
+    mangled = [s for s in symbols if s.startswith("_Z")]
+    exe: Optional[str] = shutil.which("c++filt")
+    if not mangled or exe is None:
+        return list(symbols)
+    try:
+        out = subprocess.run([exe], input="\n".join(mangled), capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return list(symbols)
+    names = dict(zip(mangled, out.splitlines()))
+    return [names.get(s) or s for s in symbols]

@@ -1,0 +1,76 @@
+"""The builds loaded in this process and the current build of each card: the one place the loader writes
+and ``kernelkit.ops`` reads.
+
+A card's ops are bound automatically: every op its library defines (its ``KERNELKIT_LIBRARY`` block),
+listed from the dispatcher. Binding is lazy (on the first ``kernelkit.ops`` call of the card) and follows
+the loader: when a card that is called gets a new current build, its ops are rebound at once.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Dict, Optional
+
+import torch
+
+from . import fastcall
+from .library import Library
+
+_LOCK = threading.RLock()  # loaders in any thread vs the fastcall builder thread's rebind
+#: build key -> every card/inline build loaded in this process (a .so cannot be unloaded)
+BY_KEY: Dict[str, Library] = {}
+#: card/inline name -> its current (newest loaded, or switched back to) build
+LATEST: Dict[str, Library] = {}
+#: card name -> {op name: OpOverload} of the bound build; a plain dict, so torch.compile guards on it (a
+#: reload triggers a recompile, not a stale op)
+CURRENT: Dict[str, Dict[str, torch._ops.OpOverload]] = {}
+#: card name -> {op name: eager callable}: kernelkit.fastcall's where its module is loaded, else the
+#: OpOverload's C++ callable
+FAST: Dict[str, Dict[str, object]] = {}
+
+
+def add(lib: Library) -> None:
+    """Record a newly loaded build and make it its name's current one."""
+    with _LOCK:
+        BY_KEY[lib.key] = lib
+        activate(lib)
+
+
+def activate(lib: Library) -> None:
+    """Make ``lib`` its name's current build (a new build, or an earlier one again after an undone edit)."""
+    with _LOCK:
+        LATEST[lib.name] = lib
+        if lib.name in CURRENT:  # kernelkit.ops calls this card: point it at the new build now
+            bind(lib)
+
+
+def by_key(key: str) -> Optional[Library]:
+    return BY_KEY.get(key)
+
+
+def latest(name: str) -> Optional[Library]:
+    return LATEST.get(name)
+
+
+def bind(lib: Library) -> Dict[str, object]:
+    """Point card ``lib.name``'s ops at ``lib``: every op with a default overload it defines. Returns the
+    eager callables by op name."""
+    overloads = {}
+    for name in lib.op_names():
+        packet = getattr(lib.ops, name)
+        if "default" in packet.overloads():
+            overloads[name] = packet.default
+    fast = {name: fastcall.wrap(ov) for name, ov in overloads.items()}
+    with _LOCK:
+        CURRENT[lib.name] = overloads
+        FAST[lib.name] = fast
+    return fast
+
+
+def _use_fastcall() -> None:
+    """Rebind every bound card's ops to the fast call path (kernelkit.fastcall runs it once loaded)."""
+    with _LOCK:
+        for card, overloads in CURRENT.items():
+            FAST[card] = {name: fastcall.wrap(ov) for name, ov in overloads.items()}
+
+
+fastcall.on_ready(_use_fastcall)

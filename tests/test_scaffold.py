@@ -1,0 +1,116 @@
+"""`kernelkit new`: the cards it writes build, pass kernelkit.check and run kernelkit.bench as written (one
+build per kind, shared by the module through the session's cache), and a unary op with a backward stays small."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import kernelkit
+from kernelkit.frontends import cli, scaffold
+
+# the test's cards: one per kind (names no other test uses, so the process-wide registry never mixes them up)
+KINDS = {"scaf_square": ("unary", True), "scaf_axpy": ("binary", False), "scaf_twice": ("custom", False)}
+
+
+@pytest.fixture(scope="module")
+def cards_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cards")
+    for name, (kind, backward) in KINDS.items():
+        scaffold.new_card(name, d, kind, backward)
+    return d
+
+
+def _nonblank_lines(text: str) -> int:
+    return sum(1 for line in text.splitlines() if line.strip())
+
+
+def test_unary_with_backward_is_at_most_40_lines():
+    files = scaffold.card_files("silu", "unary", backward=True)
+    card = {f: t for f, t in files.items() if not f.startswith("test_")}
+    assert sorted(card) == ["silu.cu", "silu.h", "silu.py"]
+    assert sum(_nonblank_lines(t) for t in card.values()) <= 40
+
+
+def test_edit_marks_and_names():
+    files = scaffold.card_files("gelu_fast", "unary", backward=True)
+    assert "struct GeluFastOp" in files["gelu_fast.h"] and "gelu_fast_backward" in files["gelu_fast.h"]
+    assert all("EDIT" in files[f] for f in ("gelu_fast.h", "gelu_fast.py"))
+    assert "$" not in "".join(files.values())  # every template field filled
+
+
+@pytest.mark.parametrize("name, expected", [("1x", "C identifier"), ("relu-2", "C identifier"), ("", "C identifier"),
+                                            ("class", "reserved"), ("lambda", "reserved"), ("test_relu", "reserved")])
+def test_bad_names_are_refused(name, expected):
+    with pytest.raises(kernelkit.KernelkitError, match=expected):
+        scaffold.card_files(name)
+
+
+def test_bad_kind_and_backward_refused():
+    with pytest.raises(kernelkit.KernelkitError, match="--kind"):
+        scaffold.card_files("x2", "ternary")
+    with pytest.raises(kernelkit.KernelkitError, match="--backward"):
+        scaffold.card_files("x2", "binary", backward=True)
+
+
+def test_never_overwrites(tmp_path, capsys):
+    (tmp_path / "mine.py").write_text("# the user's own file\n")
+    assert cli.main(["new", "mine", "--dir", str(tmp_path)]) == 1
+    assert "mine.py already exists" in capsys.readouterr().err
+    assert (tmp_path / "mine.py").read_text() == "# the user's own file\n"
+    assert not (tmp_path / "mine.cu").exists()  # nothing written when any file is in the way
+
+
+def test_command_writes_the_card_without_importing_torch(tmp_path):
+    code = ("import sys; from kernelkit.frontends import cli; "
+            f"rc = cli.main(['new', 'relu', '--dir', {str(tmp_path)!r}, '--backward']); "
+            "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["relu.cu", "relu.h", "relu.py", "test_relu.py"]
+    assert "kernelkit check relu --kernels-dir" in r.stdout
+
+
+@pytest.mark.cuda_build  # the cards have device code: it is compiled even for a CPU-only run
+@pytest.mark.parametrize("name", list(KINDS))
+def test_card_builds_and_passes_check_on_cpu(cards_dir, name):
+    result = kernelkit.check(name, kernels_dir=cards_dir, device="cpu")
+    assert result.ok, result.summary()
+    assert len(result.cases) > 0
+
+
+@pytest.mark.cuda_build
+def test_unary_backward_through_kernelkit_ops(cards_dir):
+    kernelkit.load("scaf_square", kernels_dir=cards_dir)
+    x = torch.randn(37, dtype=torch.float64, requires_grad=True)
+    y = kernelkit.ops.scaf_square(x)  # resolved by name: the card lives outside the search path, loaded above
+    torch.testing.assert_close(y, x * x)
+    (g,) = torch.autograd.grad(y.sum(), x)
+    torch.testing.assert_close(g, 2 * x)
+    assert torch.autograd.gradcheck(kernelkit.ops.scaf_square, (x,))
+    with pytest.raises(RuntimeError, match="scaf_square: x must be a float32"):
+        kernelkit.ops.scaf_square(torch.ones(3, dtype=torch.int32))
+
+
+@pytest.mark.cuda_build
+def test_check_command_and_bench_on_cpu(cards_dir, capsys):
+    assert cli.main(["check", "scaf_axpy", "--kernels-dir", str(cards_dir), "--device", "cpu"]) == 0
+    result = kernelkit.bench("scaf_axpy", kernels_dir=cards_dir, device="cpu", sizes=[(1 << 12,)], budget_ms=20,
+                             warmup_ms=5, compile=False)
+    assert "scaf_axpy" in result.summary()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(KINDS))
+def test_card_passes_check_and_bench_on_cuda(cards_dir, name):
+    result = kernelkit.check(name, kernels_dir=cards_dir, device="cuda")
+    assert result.ok, result.summary()
+    timing = kernelkit.bench(name, kernels_dir=cards_dir, device="cuda", sizes=[(1 << 20,), (1 << 24,)])
+    assert name in timing.summary()
+
+
+@pytest.mark.gpu
+def test_generated_tests_pass_on_cuda(cards_dir):
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(cards_dir)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
