@@ -235,3 +235,19 @@ def test_launcher_refuses_bad_arguments_by_name(launch):
     assert launch(0, "k", b"i", (None,), ("n",), (0, 4), 32, 0, None, (5,)) is None  # an empty grid launches nothing
     with pytest.raises(TypeError, match="block must be an int or a tuple"):
         launch(0, "k", b"", (), (), 1, [32], 0, None, ())
+
+
+@pytest.mark.cuda_build
+def test_launcher_record_is_verified_before_use(launch):
+    so = launcher._recorded()
+    assert so is not None and so.is_file()  # the fixture's build left a record: a warm start plans nothing
+    record = launcher._record()
+    good = record.read_text()
+    try:
+        record.write_text(json.dumps({"so": str(so), "sha256": "0" * 64}))  # a library that is not the one built
+        assert launcher._recorded() is None
+        record.write_text("{not json")
+        assert launcher._recorded() is None
+    finally:
+        record.write_text(good)
+    assert launcher._recorded() == so

@@ -1,16 +1,27 @@
 """The launcher: kernelkit's small C++ module (``loader/csrc/launch.cpp``) that loads cubins and packs
-arguments into ``cuLaunchKernel``, built once per Python/compiler into the cache like any target."""
+arguments into ``cuLaunchKernel``, built once per Python into the cache like any target.
+
+A warm start finds it through a small record (its path and sha256, keyed by the source and the Python)
+instead of planning its build, which would import the whole build machinery: that keeps a new process's
+first instant kernel within milliseconds of ``import kernelkit``.
+"""
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import os
+import sys
 import threading
+from pathlib import Path
+from typing import Optional
 
 import torch
 
-from ..jit import api, toolchain
-from ..jit import build as _build
+from ..errors import CacheSecurityError
+from ..jit import cache, toolchain
 from ..jit.library import import_extension
-from ..jit.nvrtc import cuda_include_dir
-from ..jit.plan import make_target
+from ..jit.sources import sha256_file
 
 MODULE_NAME = "_kernelkit_launch"
 SOURCE = toolchain.CSRC / "launch.cpp"
@@ -18,12 +29,43 @@ _LOCK = threading.Lock()
 _MODULE = []
 
 
-def target() -> _build.Target:
+def target():
+    """The launcher's build target, planned like any other (``kernelkit.aot`` and the tests use it too)."""
+    from ..jit import build, plan  # the build machinery: only when the launcher is built
+    from ..jit.nvrtc import cuda_include_dir
+
     text = SOURCE.read_text()
     include = cuda_include_dir()
     flags = [f"-I{include}"] if include is not None else []
-    unit = _build.plan_unit("cpp", SOURCE, text, [toolchain.INCLUDE], flags, [], "kernelkit/launch.cpp", optimize="-O2")
-    return make_target("launch", [unit], False, MODULE_NAME, [], {"kernelkit/launch.cpp": text.splitlines()})
+    unit = build.plan_unit("cpp", SOURCE, text, [toolchain.INCLUDE], flags, [], "kernelkit/launch.cpp", optimize="-O2")
+    return plan.make_target("launch", [unit], False, MODULE_NAME, [], {"kernelkit/launch.cpp": text.splitlines()})
+
+
+def _record() -> Path:
+    key = hashlib.sha256(SOURCE.read_bytes() + sys.version.encode() + sys.prefix.encode()).hexdigest()[:24]
+    return cache.cache_dir() / f"launcher-{key}.json"
+
+
+def _recorded() -> Optional[Path]:
+    """The launcher built before for this source and Python, if its record and its library check out."""
+    try:
+        record = json.loads(_record().read_text())
+        so = Path(record["so"])
+        cache.check_safe(so)
+        return so if sha256_file(so) == record["sha256"] else None
+    except (OSError, ValueError, KeyError, TypeError, CacheSecurityError):
+        return None
+
+
+def _built() -> Path:
+    from ..jit import api  # planning and building: a cold start only
+
+    so, _, _ = api.obtain(target())
+    tmp = _record().with_suffix(f".{os.getpid()}.tmp")
+    with contextlib.suppress(OSError):  # without a record the next start plans again: slower, still right
+        tmp.write_text(json.dumps({"so": str(so), "sha256": sha256_file(so)}))
+        os.replace(tmp, _record())
+    return so
 
 
 def module():
@@ -32,7 +74,7 @@ def module():
         return _MODULE[0]
     with _LOCK:
         if not _MODULE:
-            so, _, _ = api.obtain(target())
+            so = _recorded() or _built()
             mod = import_extension(MODULE_NAME, so)
             mod.init(torch.Tensor, torch._C._cuda_getCurrentRawStream, torch.cuda.current_device)
             _MODULE.append(mod)
