@@ -50,7 +50,7 @@ _EXPORTS = {
 }
 #: public submodules reachable as attributes (``kernelkit.ops.sigmoid``), imported on first use
 _SUBMODULES = {"ops": "ops", "cpp_extension": "cpp_extension", "aot": "aot", "errors": "errors",
-               "jit": "jit", "harness": "harness", "cardkit": "cardkit", "frontends": "frontends", "magic": "frontends.magic",
+               "jit": "jit", "distributed": "jit.distributed", "harness": "harness", "cardkit": "cardkit", "frontends": "frontends", "magic": "frontends.magic",
                "inspect": "inspect"}
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "load_ipython_extension", "__version__"])

@@ -14,6 +14,7 @@ device and are captured by CUDA graphs like any other work on that stream.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple, Union
@@ -209,7 +210,7 @@ def _read(source: Union[str, os.PathLike], name: Optional[str]) -> Tuple[str, st
 
 def load_kernels(source: Union[str, os.PathLike], name: Optional[str] = None, *, options: Sequence[str] = (),
                  include_paths: Sequence[Union[str, os.PathLike]] = (), arch=None,
-                 name_expressions: Sequence[str] = ()) -> KernelModule:
+                 name_expressions: Sequence[str] = (), group=None) -> KernelModule:
     """Compile kernel-only CUDA C++ with NVRTC (in-process, cached by content) and return its kernels.
 
     ``source``: CUDA C++ text or a ``.cu`` path; local ``#include "..."`` headers are read (and keyed) with it.
@@ -217,22 +218,30 @@ def load_kernels(source: Union[str, os.PathLike], name: Optional[str] = None, *,
     updates that module in place. ``options``: extra NVRTC options (``-DBLOCK=256``, ``--use_fast_math``).
     ``include_paths``: more directories for local headers. ``arch``: one arch (``"9.0"``); default the
     current GPU, which is needed unless an arch is given. ``name_expressions``: template instantiations to
-    compile, e.g. ``["axpy<float>", "axpy<double>"]``, then ``mod["axpy<float>"]``.
+    compile, e.g. ``["axpy<float>", "axpy<double>"]``, then ``mod["axpy<float>"]``. ``group``: a
+    torch.distributed process group whose ranks all make this call: its rank 0 compiles (or finds the cubin),
+    the others receive it and check it against their own key (README, "Multi-GPU and clusters").
     """
-    text, shown, base, name = _read(source, name)
-    if isinstance(name_expressions, str):
-        name_expressions = [name_expressions]
-    try:
-        decls = declarations(text)
-        signatures = kernel_signatures(text, name_expressions)
-    except ValueError as e:
-        raise KernelkitError(f"{shown}: {e}") from None
-    if not signatures:
-        raise KernelkitError(f"{shown}: no __global__ function to compile (templates need name_expressions=)")
-    # C++-linkage kernels are looked up through NVRTC's lowered (mangled) names; extern "C" ones by name
-    lookups = [k for k in signatures if "<" in k or not decls[k].extern_c]
-    program = nvrtc.plan(name, text, shown, base, [Path(p) for p in include_paths], options, arch, lookups)
-    compiled = nvrtc.obtain(program)
+    joining = contextlib.nullcontext()
+    if group is not None:
+        from ..jit import distributed
+
+        joining = distributed.joining(group, name or "kernels")
+    with joining:  # under group=, a rank whose planning fails still tells the others, so none waits for it
+        text, shown, base, name = _read(source, name)
+        if isinstance(name_expressions, str):
+            name_expressions = [name_expressions]
+        try:
+            decls = declarations(text)
+            signatures = kernel_signatures(text, name_expressions)
+        except ValueError as e:
+            raise KernelkitError(f"{shown}: {e}") from None
+        if not signatures:
+            raise KernelkitError(f"{shown}: no __global__ function to compile (templates need name_expressions=)")
+        # C++-linkage kernels are looked up through NVRTC's lowered (mangled) names; extern "C" ones by name
+        lookups = [k for k in signatures if "<" in k or not decls[k].extern_c]
+        program = nvrtc.plan(name, text, shown, base, [Path(p) for p in include_paths], options, arch, lookups)
+    compiled = nvrtc.obtain(program) if group is None else distributed.obtain_program(program, group)
     symbols = {k: compiled.lowered.get(k, k) for k in signatures}
     module = _MODULES.get(name)
     if module is None:

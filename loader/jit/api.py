@@ -3,6 +3,7 @@ torch's form or kernelkit's), ``library`` (the latest loaded build, for hot path
 (hot reload). ``load``/``load_inline`` take torch.utils.cpp_extension's arguments in torch's order."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import functools
@@ -44,9 +45,14 @@ class BuildInfo:
     build_seconds: float
 
 
-def obtain(target: _build.Target, prebuilt_ok: bool = True):
+def obtain(target: _build.Target, prebuilt_ok: bool = True, group=None):
     """(path, cached, seconds): a verified cache entry first, then a prebuilt (AOT) library, then a build.
-    Takes no process-wide lock (the cache's file locks keep concurrent builders apart)."""
+    Takes no process-wide lock (the cache's file locks keep concurrent builders apart). ``group``: a
+    torch.distributed group whose ranks all call this; one builds, the others receive it (jit.distributed)."""
+    if group is not None:
+        from . import distributed
+
+        return distributed.obtain_library(target, group, prebuilt_ok)
     so = cache.verified_library(target.name, target.key)
     if so is not None:
         return so, True, 0.0
@@ -57,16 +63,18 @@ def obtain(target: _build.Target, prebuilt_ok: bool = True):
     return _build.build(target)
 
 
-def _open(target: _build.Target, card: Optional[Card], options: dict, do_load: bool):
+def _open(target: _build.Target, card: Optional[Card], options: dict, do_load: bool, group=None):
     with _LOCK:
         lib = registry.by_key(target.key)
+        if lib is not None and group is not None:
+            obtain(target, group=group)  # loaded here already, but the other ranks expect this one in the exchange
         if lib is not None:  # unchanged: no compiler, no dlopen, no hashing of the .so
             if card is not None:  # identical content may live elsewhere: watch the files asked for now
                 lib.card, lib._options = card, options
             if registry.latest(target.name) is not lib:
                 registry.activate(lib)
             return lib
-        so, cached, seconds = obtain(target)
+        so, cached, seconds = obtain(target, group=group)
         if not do_load:
             return BuildInfo(target.name, target.key, so, cached, seconds)
         if cached:
@@ -142,13 +150,15 @@ def _copy_into(build_directory, target: _build.Target, so: Path) -> Path:
     return final
 
 
-def _open_extension(target: _build.Target, is_python_module: bool, build_directory, do_load: bool):
+def _open_extension(target: _build.Target, is_python_module: bool, build_directory, do_load: bool, group=None):
     with _LOCK:
         hit = _EXTENSIONS.get(target.key)
+        if hit is not None and group is not None:
+            obtain(target, prebuilt_ok=False, group=group)  # the other ranks expect this one in the exchange
         if hit is None:
             if not target.standalone and not is_python_module:
                 _refuse_redefined_namespaces(target)
-            so, cached, seconds = obtain(target, prebuilt_ok=False)
+            so, cached, seconds = obtain(target, prebuilt_ok=False, group=group)
             if not do_load:
                 return BuildInfo(target.name, target.key, so, cached, seconds)
             if cached:
@@ -218,7 +228,7 @@ def load(name: Union[str, os.PathLike], sources=None, extra_cflags=None, extra_c
          extra_ldflags=None, extra_include_paths=None, build_directory=None, verbose: bool = False,
          with_cuda: Optional[bool] = None, is_python_module: bool = True, is_standalone: bool = False,
          keep_intermediates: bool = True, *, kernels_dir=None, arch=None, load: bool = True,
-         extra_sycl_cflags=None, with_sycl: Optional[bool] = None):
+         extra_sycl_cflags=None, with_sycl: Optional[bool] = None, group=None):
     """Two uses, one function.
 
     ``load(name, sources, ...)`` is ``torch.utils.cpp_extension.load``: the same arguments in the same order,
@@ -235,7 +245,9 @@ def load(name: Union[str, os.PathLike], sources=None, extra_cflags=None, extra_c
 
     Both: ``arch`` ("8.0;9.0", or a list) overrides the CUDA architectures (default: the current GPU's);
     ``load=False`` builds into the cache without opening the result (e.g. compile-only on a machine
-    without a GPU) and returns a :class:`BuildInfo`.
+    without a GPU) and returns a :class:`BuildInfo`. ``group``: a torch.distributed process group whose
+    ranks all make this call: its rank 0 builds (or finds the build), the others receive the library over
+    the group and check it against their own sources' key (README, "Multi-GPU and clusters").
     """
     _verbose(verbose)
     _refuse_sycl(extra_sycl_cflags=extra_sycl_cflags, with_sycl=with_sycl)
@@ -247,11 +259,12 @@ def load(name: Union[str, os.PathLike], sources=None, extra_cflags=None, extra_c
         if is_python_module and is_standalone:
             raise ValueError("is_python_module and is_standalone are mutually exclusive (pass "
                              "is_python_module=False with is_standalone=True)")
-        target = plan.plan_extension(str(name), _source_paths(sources), arch=arch, extra_cflags=cflags,
-                                     extra_cuda_cflags=cuflags, extra_ldflags=ldflags, extra_include_paths=incs,
-                                     with_cuda=with_cuda, is_python_module=is_python_module,
-                                     is_standalone=is_standalone)
-        return _open_extension(target, is_python_module, build_directory, load)
+        with _joining(group, name):
+            target = plan.plan_extension(str(name), _source_paths(sources), arch=arch, extra_cflags=cflags,
+                                         extra_cuda_cflags=cuflags, extra_ldflags=ldflags, extra_include_paths=incs,
+                                         with_cuda=with_cuda, is_python_module=is_python_module,
+                                         is_standalone=is_standalone)
+        return _open_extension(target, is_python_module, build_directory, load, group)
     torch_only = {"build_directory": build_directory, "with_cuda": with_cuda,
                   "is_python_module": None if is_python_module else False,
                   "is_standalone": is_standalone or None}
@@ -262,9 +275,10 @@ def load(name: Union[str, os.PathLike], sources=None, extra_cflags=None, extra_c
     options = dict(kernels_dir=kernels_dir, arch=arch, extra_cflags=extra_cflags,
                    extra_cuda_cflags=extra_cuda_cflags, extra_ldflags=extra_ldflags,
                    extra_include_paths=extra_include_paths)
-    card = find_card(name, kernels_dir)
-    target = plan.plan_card(card, arch, cflags, cuflags, ldflags, incs)
-    return _open(target, card, {**options, "name": str(name)}, load)
+    with _joining(group, name):
+        card = find_card(name, kernels_dir)
+        target = plan.plan_card(card, arch, cflags, cuflags, ldflags, incs)
+    return _open(target, card, {**options, "name": str(name)}, load, group)
 
 
 @_entry_point
@@ -273,7 +287,7 @@ def load_inline(name: str, cpp_sources=None, cuda_sources=None, functions=None, 
                 verbose: bool = False, with_cuda: Optional[bool] = None, is_python_module: bool = True,
                 with_pytorch_error_handling: bool = True, keep_intermediates: bool = True, use_pch: bool = False,
                 no_implicit_headers: bool = False, *, cuda: Optional[str] = None, cpp: Optional[str] = None,
-                arch=None, sycl_sources=None, extra_sycl_cflags=None, with_sycl: Optional[bool] = None):
+                arch=None, sycl_sources=None, extra_sycl_cflags=None, with_sycl: Optional[bool] = None, group=None):
     """Build from source strings (a notebook cell). Two forms:
 
     torch's: ``load_inline(name, cpp_sources, cuda_sources=None, functions=None, ...)`` with
@@ -287,6 +301,8 @@ def load_inline(name: str, cpp_sources=None, cuda_sources=None, functions=None, 
     ``cuda`` is device code compiled alone (keep torch out of it for ~1 s rebuilds); ``cpp`` the
     torch-facing side: declarations, wrappers, and a ``KERNELKIT_LIBRARY(m) {...}`` block (torch ops) or
     ``functions`` bound with pybind11. Errors name ``<name>.cu``/``<name>.cpp`` and the line in your string.
+
+    ``group``: as for :func:`load`, one rank of a torch.distributed group builds for all of them.
     """
     _verbose(verbose)
     _refuse_sycl(sycl_sources=sycl_sources, extra_sycl_cflags=extra_sycl_cflags, with_sycl=with_sycl)
@@ -298,13 +314,14 @@ def load_inline(name: str, cpp_sources=None, cuda_sources=None, functions=None, 
         if cpp_sources is None:
             raise TypeError("load_inline() needs source code: cpp_sources (torch's form: name, cpp_sources, "
                             "cuda_sources, functions) or kernelkit's cuda=/cpp= keywords")
-        target = plan.plan_torch_inline(name, cpp_sources, cuda_sources, functions,
-                                        with_pytorch_error_handling=with_pytorch_error_handling,
-                                        no_implicit_headers=no_implicit_headers, arch=arch, extra_cflags=cflags,
-                                        extra_cuda_cflags=cuflags, extra_ldflags=ldflags,
-                                        extra_include_paths=incs, with_cuda=with_cuda,
-                                        is_python_module=is_python_module)
-        return _open_extension(target, is_python_module, build_directory, True)
+        with _joining(group, name):
+            target = plan.plan_torch_inline(name, cpp_sources, cuda_sources, functions,
+                                            with_pytorch_error_handling=with_pytorch_error_handling,
+                                            no_implicit_headers=no_implicit_headers, arch=arch, extra_cflags=cflags,
+                                            extra_cuda_cflags=cuflags, extra_ldflags=ldflags,
+                                            extra_include_paths=incs, with_cuda=with_cuda,
+                                            is_python_module=is_python_module)
+        return _open_extension(target, is_python_module, build_directory, True, group)
     if cpp_sources is not None or cuda_sources is not None:
         raise TypeError("load_inline(): pass either torch's cpp_sources/cuda_sources or kernelkit's cpp=/cuda=, "
                         "not both")
@@ -317,8 +334,19 @@ def load_inline(name: str, cpp_sources=None, cuda_sources=None, functions=None, 
         raise ValueError("load_inline needs source code: pass cuda=..., cpp=... or both")
     if cpp:
         plan.refuse_device_code(cpp, "cpp", instead="cuda=")
-    target = plan.plan_inline(name, cuda, cpp, plan.function_map(functions), arch, cflags, cuflags, ldflags, incs)
-    return _open(target, None, {}, True)
+    with _joining(group, name):
+        target = plan.plan_inline(name, cuda, cpp, plan.function_map(functions), arch, cflags, cuflags, ldflags,
+                                  incs)
+    return _open(target, None, {}, True, group)
+
+
+def _joining(group, name):
+    """Under group=, a rank whose planning fails still joins the exchange, so the others raise instead of waiting."""
+    if group is None:
+        return contextlib.nullcontext()
+    from . import distributed
+
+    return distributed.joining(group, str(name))
 
 
 def _refuse_sycl(**given) -> None:
