@@ -9,9 +9,11 @@ import textwrap
 import pytest
 import torch
 
-import kernelkit
-from kernelkit.errors import BuildError, KernelkitError
-from kernelkit.instant import launcher
+pytest.importorskip("cuda.bindings.nvrtc", reason="instant kernels need cuda-bindings (torch's CUDA 13 wheels bring it)")
+
+import kernelkit  # noqa: E402
+from kernelkit.errors import BuildError, KernelkitError  # noqa: E402
+from kernelkit.instant import launcher  # noqa: E402
 from kernelkit.instant.signature import declarations, kernel_signatures, parse_param
 
 SRC = textwrap.dedent("""\

@@ -247,3 +247,26 @@ def test_hot_reload_calls_new_code(tmp_path, device):
     finally:
         kernelkit.load(CARD)  # back to the built-in card
     assert_close(ops.vector_add(a, b), a + b)
+
+
+BROADCAST_MEMORY = """
+import resource, torch, kernelkit
+a, b = torch.randn(8192, 1), torch.randn(1, 8192)
+out = kernelkit.ops.vector_add(a[:16], b)  # loads the card (and its allocations) before the measurement
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+out = kernelkit.ops.vector_add(a, b)
+grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+assert torch.equal(out, a + b), "wrong sum"
+print(grown / out.nbytes)
+"""
+
+
+def test_cpu_broadcasting_reads_views_without_copying():
+    """A broadcast operand is read in place: peak memory grows by the output, not by a copy of each input
+    expanded to the output's shape (three times as much)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", BROADCAST_MEMORY], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout.split()[-1]) < 1.5  # the 256 MB output; copies of a and b would add 512 MB more

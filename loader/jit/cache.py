@@ -277,6 +277,8 @@ def _unsafe_is_a_problem(check: Callable[[], Optional[str]]) -> Optional[str]:
         return check()
     except CacheSecurityError as e:
         return f"unsafe: {e}"
+    except FileNotFoundError:  # removed by another process's gc or clear while it was being checked
+        return "removed while it was being checked"
 
 
 def is_generated_source(path: Path) -> bool:
@@ -325,7 +327,12 @@ def cached_object(key: str, held: bool = False) -> Optional[Path]:
     meta = obj.with_suffix(".json")
     if not os.path.lexists(obj) or (obj.is_file() and not meta.exists()):
         return None  # not built, or being published (the object is renamed into place before its meta)
-    problem = _object_problem(key)
+    try:
+        problem = _object_problem(key)
+    except FileNotFoundError:  # removed by another process's gc or clear while we checked it
+        return None
+    if problem is not None and not os.path.lexists(obj):
+        return None  # the same, between our checks: gone, not corrupt
     if problem is not None:
         log.warning("cached object %s is corrupt (%s); rebuilding it", obj.name, problem)
         _remove_object_if(key, lambda: _unsafe_is_a_problem(lambda: _object_problem(key)) is None, held)
@@ -430,7 +437,12 @@ def verified_library(name: str, key: str, held: bool = False) -> Optional[Path]:
     entry = library_dir(name, key)
     if not os.path.lexists(entry):
         return None
-    problem, so = _inspect_library(entry, key)
+    try:
+        problem, so = _inspect_library(entry, key)
+    except FileNotFoundError:  # removed by another process's gc or clear while we checked it
+        return None
+    if problem is not None and not os.path.lexists(entry):
+        return None  # the same, between our checks: gone, not corrupt
     if problem is not None:
         log.warning("cache entry %s is corrupt (%s); rebuilding it", entry.name, problem)
         _remove_library_if(entry, lambda: _library_status(entry, key) is None, held)

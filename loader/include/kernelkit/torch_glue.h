@@ -10,12 +10,14 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <ATen/TensorIterator.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #ifdef KERNELKIT_WITH_CUDA
@@ -112,21 +114,39 @@ void write_into(const at::Tensor& out, std::initializer_list<at::Tensor> inputs,
   }
 }
 
-// CPU elementwise loop: out[i] = f(in[i]...) in at::opmath_type (float for half/bfloat16), contiguous
-// tensors, parallelised with at::parallel_for.
+// One strided run of cpu_elementwise: out and inputs advance by their own byte strides (0: a broadcast operand).
+template <typename scalar_t, typename opmath, typename F, size_t... I>
+void strided_run(const F& f, char** data, const int64_t* strides, int64_t n, std::index_sequence<I...>) {
+  for (int64_t i = 0; i < n; ++i) {
+    *reinterpret_cast<scalar_t*>(data[0] + i * strides[0]) = static_cast<scalar_t>(
+        f(static_cast<opmath>(*reinterpret_cast<const scalar_t*>(data[I + 1] + i * strides[I + 1]))...));
+  }
+}
+
+// CPU elementwise loop: out[i] = f(in[i]...) in at::opmath_type (float for half/bfloat16), parallelised.
+// Inputs may be strided or broadcast views of out's shape: at::TensorIterator walks them without copying.
 template <typename scalar_t, typename F, typename... Ts>
 void cpu_elementwise(const at::Tensor& out, F f, const Ts&... ins) {
   using opmath = at::opmath_type<scalar_t>;
-  scalar_t* o = out.data_ptr<scalar_t>();
-  const int64_t n = out.numel();
-  auto ptrs = std::make_tuple(ins.template const_data_ptr<scalar_t>()...);
-  at::parallel_for(0, n, 32768, [&](int64_t begin, int64_t end) {
-    std::apply(
-        [&](auto... p) {
-          for (int64_t i = begin; i < end; ++i) o[i] = static_cast<scalar_t>(f(static_cast<opmath>(p[i])...));
-        },
-        ptrs);
-  });
+  if (out.is_contiguous() && (... && (ins.is_contiguous() && ins.sizes() == out.sizes()))) {
+    scalar_t* o = out.data_ptr<scalar_t>();
+    auto ptrs = std::make_tuple(ins.template const_data_ptr<scalar_t>()...);
+    at::parallel_for(0, out.numel(), 32768, [&](int64_t begin, int64_t end) {
+      std::apply(
+          [&](auto... p) {
+            for (int64_t i = begin; i < end; ++i) o[i] = static_cast<scalar_t>(f(static_cast<opmath>(p[i])...));
+          },
+          ptrs);
+    });
+    return;
+  }
+  at::TensorIteratorConfig config;
+  config.add_output(out).resize_outputs(false);
+  (config.add_const_input(ins), ...);
+  at::TensorIterator iter = config.build();
+  iter.for_each([&](char** data, const int64_t* strides, int64_t n) {
+    strided_run<scalar_t, opmath>(f, data, strides, n, std::index_sequence_for<Ts...>{});
+  }, 32768);
 }
 
 #ifdef KERNELKIT_WITH_CUDA
@@ -174,7 +194,8 @@ inline PhiloxArgs philox_args(const std::optional<at::Generator>& gen, uint64_t 
 
 namespace kk {
 
-// Checked, broadcast, contiguous operands of a binary elementwise op named `op` with arguments an/bn.
+// Checked operands of a binary elementwise op named `op` with arguments an/bn, broadcast to one shape:
+// contiguous copies on CUDA (its kernels take flat pointers), broadcast views on the CPU.
 struct BinaryOperands {
   std::vector<int64_t> shape;
   at::Tensor a, b;
@@ -185,6 +206,7 @@ inline BinaryOperands binary_operands(const char* op, const at::Tensor& a, const
   check_floating(op, b, bn);
   check_same_device_dtype(op, a, an, b, bn);
   auto shape = broadcast_shape(op, a, an, b, bn);
+  if (a.device().is_cpu()) return {shape, a.expand(shape), b.expand(shape)};  // the CPU loop reads views, no copies
   return {shape, expand_contiguous(a, shape), expand_contiguous(b, shape)};
 }
 
