@@ -720,7 +720,8 @@ def verify(fix: bool = False) -> List[Dict[str, object]]:
     found = []
     for kind, path, status, status_locked, remove_if in _checks():
         problem = status()
-        if problem is not None and not os.path.lexists(path):
+        gone = not os.path.lexists(path) and not (kind == "object" and os.path.lexists(path.with_suffix(".json")))
+        if problem is not None and gone:
             continue  # removed by another process while we looked: nothing to report
         removed = bool(fix and problem and remove_if(lambda status_locked=status_locked: status_locked() is None))
         found.append({"kind": kind, "entry": f"{path.parent.name}/{path.name}",
