@@ -89,3 +89,16 @@ def test_kernels_cell_compiles_with_nvrtc_and_binds_the_module(shell):
     result = shell.run_cell("%%kernelkit fast --kernels --arch 9.0\n" + KERNELS.replace("x[i];", "y[i];"))
     err = result.error_in_exec
     assert isinstance(err, kernelkit.BuildError) and "fast.cu:4: error" in str(err)  # the cell's line 4
+
+
+def test_cpp_cell_without_flag_goes_to_the_cpp_compiler_and_names_do_not_clobber(shell):
+    shell.run_cell_magic("kernelkit", "cube", CELL)  # no --cpp: nothing in it only nvcc compiles
+    x = torch.tensor([2.0, -3.0])
+    torch.testing.assert_close(shell.user_ns["cube"](x), x ** 3)  # the op keeps its name
+    assert isinstance(shell.user_ns["cube_lib"], kernelkit.Library)  # and the library is still reachable
+
+
+def test_magic_help_documents_every_option(shell):
+    doc = shell.find_cell_magic("kernelkit").__doc__
+    for option in ("--functions", "--arch", "--flags", "--cuda-flags", "--cpp", "--kernels"):
+        assert option in doc, option

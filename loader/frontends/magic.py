@@ -49,11 +49,21 @@ def split_cell(cell: str, cpp_only: bool) -> Tuple[Optional[str], Optional[str]]
     return "\n" + cell[: m.start()], "\n" * separator_line + cell[m.end() + 1:]
 
 
+_CUDA_MARKERS = re.compile(r"__global__|__device__|<<<|__shared__")
+
+
+def cpp_only(line: str, cell: str) -> bool:
+    """Whether the cell is all C++: ``--cpp``, or no binding separator and nothing only nvcc compiles (a
+    KERNELKIT_LIBRARY cell written like the README's CPU example goes to the C++ compiler)."""
+    return "--cpp" in shlex.split(line) or (SEPARATOR.search(cell) is None and "--kernels" not in shlex.split(line)
+                                            and _CUDA_MARKERS.search(cell) is None)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="%%kernelkit", add_help=False)
-    p.add_argument("name")
-    p.add_argument("--functions", nargs="+", default=None)
-    p.add_argument("--arch", default=None)
+    p.add_argument("name", help="the library's name; it is bound under this name (its ops under theirs)")
+    p.add_argument("--functions", nargs="+", default=None, help="C++ functions to bind with pybind11")
+    p.add_argument("--arch", default=None, help="CUDA archs, e.g. 9.0 (default: the current GPU)")
     p.add_argument("--flags", nargs="+", default=None, help="extra C++ compiler flags")
     p.add_argument("--cuda-flags", nargs="+", default=None, help="extra nvcc flags")
     p.add_argument("--cpp", action="store_true", help="the whole cell is C++ (no CUDA)")
@@ -72,15 +82,19 @@ def kernelkit_cell(line: str, cell: str, user_ns: dict):
         user_ns[args.name] = load_kernels("\n" + cell, args.name, arch=args.arch, options=args.flags or ())
         CELLS[args.name] = (line, cell)
         return None
-    cuda, cpp = split_cell(cell, args.cpp)
+    cuda, cpp = split_cell(cell, cpp_only(line, cell))
     if cuda is not None and cpp is None and not args.functions:
         raise ValueError("%%kernelkit: a CUDA cell needs a '// --- binding ---' line followed by the "
                          "torch-facing C++ (or --cpp for a C++-only cell)")
     lib = api.load_inline(args.name, cuda=cuda, cpp=cpp, functions=args.functions, arch=args.arch,
                           extra_cflags=args.flags, extra_cuda_cflags=args.cuda_flags)
     CELLS[args.name] = (line, cell)
-    user_ns[args.name] = lib
-    for fn in lib.functions():
+    names = lib.functions()
+    handle = args.name if args.name not in names else f"{args.name}_lib"  # an op named like the cell keeps its name
+    if handle != args.name:
+        print(f"kernelkit: {args.name} is the op; the library is bound as {handle}", file=sys.stderr)
+    user_ns[handle] = lib
+    for fn in names:
         user_ns[fn] = getattr(lib, fn)
     return None
 
@@ -98,9 +112,9 @@ def promote(name: str, directory) -> Path:
     line, cell = CELLS[name] if name in CELLS else (None, None)
     if cell is None:
         raise KeyError(f"no %%kernelkit {name} cell has run in this session")
-    cpp_only = "--cpp" in shlex.split(line)
-    m = None if cpp_only else SEPARATOR.search(cell)
-    cuda, binding = (None, cell) if cpp_only else (cell[: m.start()], cell[m.end() + 1:]) if m else (cell, "")
+    all_cpp = cpp_only(line, cell)
+    m = None if all_cpp else SEPARATOR.search(cell)
+    cuda, binding = (None, cell) if all_cpp else (cell[: m.start()], cell[m.end() + 1:]) if m else (cell, "")
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     header = d / f"{name}.h"
@@ -116,6 +130,8 @@ def promote(name: str, directory) -> Path:
 def register(ipython) -> None:
     def cell_magic(line, cell):
         return kernelkit_cell(line, cell, ipython.user_ns)
+
+    cell_magic.__doc__ = __doc__ + "\n" + _parser().format_help()  # what %%kernelkit? shows
 
     ipython.register_magic_function(cell_magic, magic_kind="cell", magic_name="kernelkit")
     api.autoreload(True)  # edited card files are reloaded before each cell
