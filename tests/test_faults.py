@@ -675,3 +675,13 @@ def test_bad_gc_age_on_the_command_line_is_refused_and_removes_nothing(cache_roo
         cli.main(["cache", "gc", "--max-age-days", days])
     assert e.value.code == 2 and "--max-age-days: expected a number of days >= 0" in capsys.readouterr().err
     assert cache.verified_library(target.name, target.key) is not None
+
+
+def test_a_compile_that_fails_on_a_half_written_header_is_sources_changed(cache_root, card, tmp_path, monkeypatch):
+    """The compiler read the header while an edit had it empty: that is an edit during the build, not an
+    error in the sources, so the load says to load again instead of showing a compiler error."""
+    target = make_target(card / "f.cpp")
+    # the edit (truncating the header, as an in-place write does first) lands just before the compiler reads
+    monkeypatch.setenv("KERNELKIT_COMPILER_LAUNCHER", launcher(tmp_path, f"printf '' > {card / 'v.h'}"))
+    with pytest.raises(SourcesChanged, match="changed while it was being compiled"):
+        build.build(target)

@@ -515,7 +515,13 @@ def _compile_once(unit: Unit, target: Target) -> Path:
         tmp = cache.private_tmpdir("obj-")
         try:
             out, depfile = tmp / f"{unit.key}.o", tmp / f"{unit.key}.d"
-            _compile_to(unit, target, out, depfile)
+            try:
+                _compile_to(unit, target, out, depfile)
+            except BuildError:
+                # the compiler may have read a file half-written by an edit: that is no error in the sources
+                if unit.digest and (_snapshot(unit) != before or not _as_planned(unit)):
+                    raise _changed(unit, target, before, during=True) from None
+                raise
             if unit.digest:
                 _check_inputs(unit, target, depfile, before)
             return cache.store_object(unit.key, out, {"display": unit.display, "kind": unit.kind})
