@@ -234,6 +234,7 @@ def test_a_rank_that_cannot_plan_makes_every_rank_raise(job):
 
 
 def test_instant_kernels_compile_once_and_arrive_in_each_cache(job):
+    pytest.importorskip("cuda.bindings.nvrtc", reason="instant kernels need cuda-bindings (torch's CUDA 13 wheels bring it)")
     res = _all(job, "kernels")
     assert [r.get("error") for r in res] == [None] * WORLD, res
     assert [r["cached"] for r in res] == [False, True, True, True]
