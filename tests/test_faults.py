@@ -3,6 +3,7 @@ headers, interrupted builds, unsafe directories, gc/clear racing builds, and a s
 
 Everything here builds tiny torch-free C++ libraries through build.plan_unit/Target/build directly
 (~0.2 s each) and calls them with ctypes."""
+import contextlib
 import ctypes
 import errno
 import itertools
@@ -20,7 +21,7 @@ from pathlib import Path
 import filelock
 import pytest
 
-from kernelkit.jit import build, cache, plan, prebuilt, toolchain
+from kernelkit.jit import build, cache, plan, prebuilt, reaper, toolchain
 from kernelkit.frontends import cli
 from kernelkit.errors import (BuildError, CacheSecurityError, CacheUnwritable, Diagnostic, KernelkitError,
                               SourcesChanged)
@@ -521,29 +522,42 @@ def test_gc_and_clear_leave_what_another_process_is_building(cache_root, card):
 
 
 # --------------------------------------------------------------------------------------- interruption
-SIGINT_CHILD = """
+BUILD_CHILD = """
 import signal, sys
 from pathlib import Path
 signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job inherits SIGINT ignored; Ctrl-C is not
 sys.path.insert(0, {tests!r})
-from test_faults import make_target
-from kernelkit.jit import build
-build.build(make_target(Path({src!r})))
+from test_faults import call_f, make_target
+from kernelkit.jit import build, reaper
+so, cached, _ = build.build(make_target(Path({src!r})))
+print(call_f(so), cached, reaper._watchdog.pid)
 """
 
 
-def test_sigint_ends_the_build_and_its_compilers_at_once(cache_root, card, tmp_path):
+def _build_child(card: Path, env: dict) -> subprocess.Popen:
+    """A fresh Python process building the card (it prints f(), whether the library was cached, and its
+    watchdog's pid)."""
+    code = BUILD_CHILD.format(tests=str(Path(__file__).parent), src=str(card / "f.cpp"))
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+
+
+def _compiling_child(card: Path, tmp_path: Path, body: str) -> tuple:
+    """A child building the card whose compiler launcher runs ``body``: (the child, the launcher's path
+    and process group), once the launcher has started."""
     pidfile = tmp_path / "launcher.pid"
-    slow = launcher(tmp_path, f"echo $$ > {pidfile}\nsleep 30")
-    code = SIGINT_CHILD.format(tests=str(Path(__file__).parent), src=str(card / "f.cpp"))
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, env={**os.environ, "KERNELKIT_COMPILER_LAUNCHER": slow})
+    slow = launcher(tmp_path, f"echo $$ > {pidfile}\n{body}")
+    child = _build_child(card, {**os.environ, "KERNELKIT_COMPILER_LAUNCHER": slow})
     deadline = time.time() + 120
     while not (pidfile.exists() and pidfile.read_text().strip()):
         assert child.poll() is None, child.communicate()
         assert time.time() < deadline, "the compile never started"
         time.sleep(0.05)
-    group = int(pidfile.read_text())
+    return child, slow, int(pidfile.read_text())
+
+
+def test_sigint_ends_the_build_and_its_compilers_at_once(cache_root, card, tmp_path):
+    child, _, group = _compiling_child(card, tmp_path, "sleep 30")
     t0 = time.time()
     child.send_signal(signal.SIGINT)
     try:
@@ -555,6 +569,92 @@ def test_sigint_ends_the_build_and_its_compilers_at_once(cache_root, card, tmp_p
     assert "KeyboardInterrupt" in err and time.time() - t0 < 10
     time.sleep(0.2)
     assert _running_in_group(group) == []  # the launcher and its sleep: ended, not left to run out
+
+
+def test_sigkill_of_the_building_process_ends_its_compilers(cache_root, card, tmp_path):
+    """Nothing in the killed process can end its compilers (their own process groups, for Ctrl-C): its
+    watchdog does, and removes the build's private dirs; the retry in a new process then builds alone."""
+    child, marker, group = _compiling_child(card, tmp_path, "sleep 60")
+    try:
+        assert _running_with(marker) and _running_in_group(group)
+        child.kill()
+        child.communicate()
+        deadline = time.time() + 5
+        while (_running_with(marker) or _running_in_group(group)) and time.time() < deadline:
+            time.sleep(0.05)
+        assert _running_with(marker) == [] and _running_in_group(group) == [], "the compiler outlived its build"
+    finally:
+        for pid in {*_running_with(marker), *_running_in_group(group)}:  # after a failure: not left for 60 s
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+    deadline = time.time() + 5
+    while list(cache.subdir("tmp").iterdir()) and time.time() < deadline:
+        time.sleep(0.05)
+    assert list(cache.subdir("tmp").iterdir()) == []  # the killed build's partial files, removed
+    retry = _build_child(card, os.environ)
+    out, err = retry.communicate(timeout=120)
+    assert retry.returncode == 0, err
+    value, cached, watchdog = out.split()
+    assert (value, cached) == ("101", "False")
+    deadline = time.time() + 5
+    while _alive(int(watchdog)) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not _alive(int(watchdog)), "the watchdog outlived a process that exited normally"
+
+
+def _fork_has_its_own_watchdog(parents_end: str, scratch: Path, results) -> None:
+    if parents_end in _open_files():
+        results.put("the parent's end of the watchdog socket is open in the forked child")
+        return
+    reaper.watch_dir(scratch)
+    reaper.unwatch_dir(scratch)
+    results.put(reaper._watchdog.pid)
+
+
+def test_a_forked_child_never_talks_to_its_parents_watchdog(cache_root, card, tmp_path):
+    """A fork (a DataLoader worker) must not hold the parent's end open (the watchdog would not see the
+    parent die) nor tell the parent's watchdog about its own compilers."""
+    build.build(make_target(card / "f.cpp"))
+    ours = reaper._watchdog
+    results = multiprocessing.get_context("fork").Queue()
+    parents_end = os.readlink(f"/proc/self/fd/{ours.sock.fileno()}")  # socket:[inode]
+    child = multiprocessing.get_context("fork").Process(target=_fork_has_its_own_watchdog,
+                                                        args=(parents_end, tmp_path / "scratch", results))
+    child.start()
+    theirs = results.get(timeout=60)
+    child.join(30)
+    assert isinstance(theirs, int) and theirs != ours.pid, theirs
+    reaper.watch_dir(tmp_path / "scratch")  # the parent's watchdog still listens: no restart
+    reaper.unwatch_dir(tmp_path / "scratch")
+    assert reaper._watchdog is ours and _alive(ours.pid)
+
+
+def _open_files() -> set:
+    files = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):
+            files.add(os.readlink(fd))
+    return files
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not: a container's init may never reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _running_with(marker: str) -> list:
+    """Processes whose command line mentions ``marker``, other than this one."""
+    running = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker.encode() in cmdline.read_bytes() and int(cmdline.parent.name) != os.getpid():
+                running.append(cmdline.parent.name)
+        except OSError:
+            continue
+    return running
 
 
 def _running_in_group(pgid: int) -> list:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from ..errors import BuildError, KernelkitError, SourcesChanged, parse_diagnostics
-from . import cache, toolchain
+from . import cache, reaper, toolchain
 from .progress import Status, say
 from .sources import digest_tree, scan_includes, sha256_bytes, sha256_file
 
@@ -183,12 +183,25 @@ _BUILDS: Dict[int, _BuildState] = {}  # id(target) -> its running build
 
 @contextlib.contextmanager
 def _build_state(target: Target) -> Iterator[_BuildState]:
-    state = _BUILDS[id(target)] = _BuildState(_Children(), cache.private_tmpdir(f"pins-{target.name}-"))
+    with _private_dir(f"pins-{target.name}-") as pins:
+        _BUILDS[id(target)] = _BuildState(_Children(), pins)
+        try:
+            yield _BUILDS[id(target)]
+        finally:
+            del _BUILDS[id(target)]
+
+
+@contextlib.contextmanager
+def _private_dir(prefix: str) -> Iterator[Path]:
+    """A private dir in the cache's tmp/ for one step of a build, removed after it (a no-op when it was
+    renamed into the cache), or by the watchdog if this process dies first."""
+    path = cache.private_tmpdir(prefix)
+    reaper.watch_dir(path)
     try:
-        yield state
+        yield path
     finally:
-        del _BUILDS[id(target)]
-        shutil.rmtree(state.pins, ignore_errors=True)
+        shutil.rmtree(path, ignore_errors=True)
+        reaper.unwatch_dir(path)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -206,9 +219,10 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def _spawn(cmd: List[str]) -> subprocess.Popen:
-    """Start ``cmd`` in its own process group (so that it and its children can be ended together)."""
+    """Start ``cmd`` in its own process group (so that it and its children can be ended together), which
+    the watchdog ends should this process die first (_run tells it when the group has ended)."""
     try:
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 errors="replace", stdin=subprocess.DEVNULL, start_new_session=True)
     except OSError as e:  # the program itself is missing or not executable
         launcher = toolchain.launcher()
@@ -217,6 +231,8 @@ def _spawn(cmd: List[str]) -> subprocess.Popen:
                                  f"run: {e.strerror or e}. Install it, fix the path, or unset "
                                  "KERNELKIT_COMPILER_LAUNCHER.") from None
         raise KernelkitError(f"cannot run {cmd[0]!r}: {e.strerror or e}") from None
+    reaper.watch_group(proc.pid)
+    return proc
 
 
 def _run(cmd: List[str], what: str, target: Target, counter: str) -> str:
@@ -233,6 +249,7 @@ def _run(cmd: List[str], what: str, target: Target, counter: str) -> str:
         raise
     finally:
         children.discard(proc)
+        reaper.unwatch_group(proc.pid)
     if proc.returncode != 0:
         diags = parse_diagnostics(output, target.display, target.texts)
         raise BuildError(what, diags, output, cmd)
@@ -512,8 +529,7 @@ def _compile_once(unit: Unit, target: Target) -> Path:
         before = _snapshot(unit)
         if unit.digest and not _as_planned(unit):  # nothing to compile: it could not be cached
             raise _changed(unit, target, before, during=False)
-        tmp = cache.private_tmpdir("obj-")
-        try:
+        with _private_dir("obj-") as tmp:
             out, depfile = tmp / f"{unit.key}.o", tmp / f"{unit.key}.d"
             try:
                 _compile_to(unit, target, out, depfile)
@@ -525,8 +541,6 @@ def _compile_once(unit: Unit, target: Target) -> Path:
             if unit.digest:
                 _check_inputs(unit, target, depfile, before)
             return cache.store_object(unit.key, out, {"display": unit.display, "kind": unit.kind})
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 SLOW_TORCH_UNIT_SECONDS = 8.0
@@ -568,8 +582,7 @@ def build(target: Target) -> Tuple[Path, bool, float]:
         t0 = time.perf_counter()
         with Status(desc), _build_state(target):
             objects = _in_parallel(lambda u: _compile_noting_torch_cost(u, target, u in todo), target.units, target)
-            tmp = cache.private_tmpdir(f"lib-{target.name}-")
-            try:
+            with _private_dir(f"lib-{target.name}-") as tmp:
                 out = tmp / target.so_name
                 cmd = [toolchain.cxx(), *[str(o) for o in objects], "-o", str(out), *target.ldflags,
                        *target.import_alias_flags()]
@@ -585,8 +598,5 @@ def build(target: Target) -> Tuple[Path, bool, float]:
                 os.chmod(out, 0o700)
                 os.chmod(tmp, 0o700)
                 entry = cache.publish_library(tmp, target.name, target.key)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
     cache.maybe_gc()
     return entry / target.so_name, False, seconds

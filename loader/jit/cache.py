@@ -28,12 +28,13 @@ import stat
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
 
 from ..errors import CacheSecurityError, CacheUnwritable, LockTimeout
 from .sources import sha256_file
 
 log = logging.getLogger("kernelkit")
+T = TypeVar("T")
 
 LAYOUT = "v1"
 DEFAULT_LOCK_TIMEOUT = 900.0  # a cold build of a large card on a small machine can take minutes
@@ -281,6 +282,24 @@ def _unsafe_is_a_problem(check: Callable[[], Optional[str]]) -> Optional[str]:
         return "removed while it was being checked"
 
 
+def _intact(path: Path, inspect: Callable[[], Tuple[Optional[str], T]], what: str,
+            remove_corrupt: Callable[[], object]) -> Optional[T]:
+    """What ``inspect()`` returns with no problem found for the entry at ``path``; else None, after
+    logging and removing the entry (``remove_corrupt``) unless another process's gc or clear removed it
+    while it was being checked (then it is gone, not corrupt)."""
+    try:
+        problem, value = inspect()
+    except FileNotFoundError:
+        return None
+    if problem is None:
+        return value
+    if not os.path.lexists(path):
+        return None
+    log.warning("%s is corrupt (%s); rebuilding it", what, problem)
+    remove_corrupt()
+    return None
+
+
 def is_generated_source(path: Path) -> bool:
     """Whether ``path`` is a source kernelkit wrote into ``src/`` (for load_inline and card bindings)."""
     return path.parent.parent == subdir("src")
@@ -327,15 +346,11 @@ def cached_object(key: str, held: bool = False) -> Optional[Path]:
     meta = obj.with_suffix(".json")
     if not os.path.lexists(obj) or (obj.is_file() and not meta.exists()):
         return None  # not built, or being published (the object is renamed into place before its meta)
-    try:
-        problem = _object_problem(key)
-    except FileNotFoundError:  # removed by another process's gc or clear while we checked it
-        return None
-    if problem is not None and not os.path.lexists(obj):
-        return None  # the same, between our checks: gone, not corrupt
-    if problem is not None:
-        log.warning("cached object %s is corrupt (%s); rebuilding it", obj.name, problem)
-        _remove_object_if(key, lambda: _unsafe_is_a_problem(lambda: _object_problem(key)) is None, held)
+
+    def remove_corrupt() -> bool:
+        return _remove_object_if(key, lambda: _unsafe_is_a_problem(lambda: _object_problem(key)) is None, held)
+
+    if _intact(obj, lambda: (_object_problem(key), obj), f"cached object {obj.name}", remove_corrupt) is None:
         return None
     with contextlib.suppress(OSError):
         os.utime(meta)  # last use, for gc
@@ -437,15 +452,9 @@ def verified_library(name: str, key: str, held: bool = False) -> Optional[Path]:
     entry = library_dir(name, key)
     if not os.path.lexists(entry):
         return None
-    try:
-        problem, so = _inspect_library(entry, key)
-    except FileNotFoundError:  # removed by another process's gc or clear while we checked it
-        return None
-    if problem is not None and not os.path.lexists(entry):
-        return None  # the same, between our checks: gone, not corrupt
-    if problem is not None:
-        log.warning("cache entry %s is corrupt (%s); rebuilding it", entry.name, problem)
-        _remove_library_if(entry, lambda: _library_status(entry, key) is None, held)
+    so = _intact(entry, lambda: _inspect_library(entry, key), f"cache entry {entry.name}",
+                 lambda: _remove_library_if(entry, lambda: _library_status(entry, key) is None, held))
+    if so is None:
         return None
     with contextlib.suppress(OSError):
         os.utime(entry / "manifest.json")  # last use, for gc
