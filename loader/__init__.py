@@ -35,6 +35,7 @@ _EXPORTS = {
     "CheckError": ("harness.results", "CheckError"),
     "CheckResult": ("harness.results", "CheckResult"),
     "check": ("harness.check", "check"),
+    "profile": ("inspect.profiling", "profile"),
     "ELEMENTWISE_BENCH_SIZES": ("cardkit", "ELEMENTWISE_BENCH_SIZES"),
     "ELEMENTWISE_SHAPES": ("cardkit", "ELEMENTWISE_SHAPES"),
     "check_floating": ("cardkit", "check_floating"),

@@ -28,6 +28,7 @@ EXAMPLES = """examples:
   kernelkit bench sigmoid --sizes 2**20 2**24
   kernelkit run --quick               build, check and time every card; write a report
   kernelkit new relu --backward       write a new card (a unary op with autograd) to edit
+  kernelkit profile vector_add        its kernels under Nsight Compute: what limits them
   kernelkit <command> --help          the options of one command"""
 
 
@@ -172,6 +173,19 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+def cmd_profile(args) -> int:
+    """A card's kernels under Nsight Compute: the table (or JSON), and optionally the roofline as PNG."""
+    from ..inspect.profiling import profile
+
+    inputs = {k: v for k, v in (("size", args.size), ("dtype", args.dtype)) if v is not None}
+    result = profile(args.card, kernels_dir=args.kernels_dir, **inputs)
+    print(json.dumps(result.to_dict(), indent=1) if args.json else result)
+    if args.plot:
+        result.plot(args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
 def _block_size(text: str) -> int:
     try:
         value = int(text, 0)
@@ -221,6 +235,20 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--diff", action="store_true", help="against the previous build of the card")
     ins.add_argument("--block-size", type=_block_size, help="threads per block for the occupancy column (default 256)")
     ins.set_defaults(func=cmd_inspect)
+
+    prof = sub.add_parser("profile", help="a card's kernels under Nsight Compute: time, DRAM/L2/SM throughput, "
+                          "occupancy, the limiter, a roofline",
+                          description="Run the card once (after a warm-up) in a fresh process under Nsight Compute "
+                          "(ncu: KERNELKIT_NCU, PATH, /usr/local/cuda/bin, /opt/nvidia/nsight-compute/*/) and show "
+                          "per kernel launch what limits it. Needs a CUDA GPU and permission to read its counters.")
+    prof.add_argument("card", help="card name")
+    prof.add_argument("--kernels-dir", help="directory of cards (default: KERNELKIT_PATH + built-in)")
+    prof.add_argument("--size", type=harness_commands.parse_size,
+                      help="input size, e.g. 2**28 or 100x1024 (default: the spec's largest bench size)")
+    prof.add_argument("--dtype", type=harness_commands._dtype, help="input dtype (default: the spec's bench dtype)")
+    prof.add_argument("--json", action="store_true", help="machine-readable output")
+    prof.add_argument("--plot", metavar="PATH", help="write the roofline plot here (PNG)")
+    prof.set_defaults(func=cmd_profile)
 
     harness_commands.register(sub)  # check, bench, run
     scaffold.register(sub)  # new
