@@ -100,3 +100,14 @@ def test_plot_sweep_writes_pngs(tmp_path):
     assert [p.name for p in paths] == ["conv_time.png", "conv_speedup.png", "conv_bandwidth.png"]
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
+
+
+def test_plot_sweeps_in_subprocesses_match_in_process(tmp_path):
+    jobs = {"a": (fake_series(), "bytes moved", TITLE), "b": (fake_series(), "elements", TITLE),
+            "broken": ({"kernelkit": [{"x": 1, "median_us": "not a number"}]}, "x", TITLE)}
+    drawn = report.plot_sweeps(jobs, tmp_path / "sub", processes=2)
+    inline = report.plot_sweeps({k: v for k, v in jobs.items() if k != "broken"}, tmp_path / "inline")
+    assert sorted(p.name for p in drawn["a"]) == sorted(p.name for p in inline["a"]) == \
+        ["a_bandwidth.png", "a_speedup.png", "a_time.png"]
+    assert all(p.is_file() and p.stat().st_size > 1000 for p in drawn["a"] + drawn["b"])
+    assert isinstance(drawn["broken"], str) and "Error" in drawn["broken"]  # the error's text, not a lost report

@@ -173,3 +173,11 @@ def test_gpu_run(tmp_path):
             assert card["bench"]["timer"] == "cuda-events"
             assert "torch.compile" in card["bench"]["contenders"]
     assert any(card["mode"] == "cuda" for card in results["cards"])
+
+
+def test_run_sweeps_a_spread_of_sizes_keeping_both_ends():
+    sizes = [(1 << k,) for k in range(10, 30)]
+    picked = runner.sweep(sizes, 5)
+    assert picked[0] == sizes[0] and picked[-1] == sizes[-1] and len(picked) == 5
+    assert picked == sorted(picked) and len(set(picked)) == 5
+    assert runner.sweep(sizes[:4], 5) == sizes[:4]

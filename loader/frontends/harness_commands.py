@@ -165,7 +165,7 @@ def cmd_run(args) -> int:
     find_cards(args.ops, args.kernels_dir)  # a mistyped name fails now, not after building the others
     opts = Options(check=not args.no_check, bench=not args.no_bench, trials=args.trials, sizes=_sizes(args.sizes),
                    compile=args.compile, graph=args.graph, budget_ms=args.budget_ms, arch=args.arch,
-                   kernels_dir=args.kernels_dir, quick=args.quick, copy_floor=args.copy_floor)
+                   kernels_dir=args.kernels_dir, quick=args.quick, copy_floor=args.copy_floor, full=args.full)
     code, _ = run(args.ops, args.out, opts)
     return code
 
@@ -218,4 +218,7 @@ def register(sub) -> None:
     r.add_argument("--no-check", action="store_true")
     r.add_argument("--no-bench", action="store_true")
     r.add_argument("--quick", action="store_true", help="CI: 2 trials, 3 smallest sizes, 10 ms budgets")
+    r.add_argument("--full", action="store_true",
+                   help="every bench size of each card at bench's budget (default: 5 sizes spread over the sweep, "
+                   "50 ms budgets)")
     r.set_defaults(func=cmd_run)

@@ -123,6 +123,10 @@ class BenchResult:
 
     def plot(self, out_dir, stem: Optional[str] = None) -> List[Path]:
         """time vs size (all contenders + floor), speedup vs size (vs eager), % of bandwidth vs size."""
+        return report.plot_sweep(*self.plot_args(), out_dir, stem or self.name)
+
+    def plot_args(self) -> Tuple[Dict[str, List[dict]], str, str]:
+        """(series, x label, title) for :func:`report.plot_sweep`: plain data, so another process can draw."""
         sizes = self.sizes
         varying = [d for d in range(len(sizes[0])) if len({s[d] for s in sizes if len(s) == len(sizes[0])}) > 1] \
             if sizes and sizes[0] else []
@@ -142,8 +146,7 @@ class BenchResult:
                 series.setdefault(r["contender"], []).append({**r, "x": xof(tuple(r["size"]))})
         for points in series.values():
             points.sort(key=lambda p: p["x"])
-        title = report.sweep_title(self.name, self.device, self.device_name, self.dtype)
-        return report.plot_sweep(series, xlabel, title, out_dir, stem or self.name)
+        return series, xlabel, report.sweep_title(self.name, self.device, self.device_name, self.dtype)
 
 
 def write_csv(results: Sequence[BenchResult], path) -> Path:

@@ -191,3 +191,47 @@ def plot_sweep(series: Dict[str, List[dict]], xlabel: str, title: str, out_dir, 
         plt.close(fig)
         paths.append(path)
     return paths
+
+
+def plot_sweeps(jobs: Dict[str, tuple], out_dir, processes: int = 1) -> Dict[str, object]:
+    """:func:`plot_sweep` for each ``stem -> (series, xlabel, title)``: the paths, or the error's text.
+    With ``processes`` > 1 the figures are drawn in that many Python subprocesses (matplotlib takes about a
+    second per card; plain subprocesses, not multiprocessing, so a user's script is never re-imported)."""
+    import json
+    import subprocess
+    import sys
+
+    if processes <= 1 or len(jobs) <= 1:
+        drawn: Dict[str, object] = {}
+        for stem, (series, xlabel, title) in jobs.items():
+            try:
+                drawn[stem] = plot_sweep(series, xlabel, title, out_dir, stem)
+            except Exception as e:  # noqa: BLE001 - one card's plot must not lose the others'
+                drawn[stem] = f"{type(e).__name__}: {e}"
+        return drawn
+    stems = list(jobs)
+    chunks = [stems[i::processes] for i in range(min(processes, len(stems)))]
+    procs = []
+    for chunk in chunks:
+        proc = subprocess.Popen([sys.executable, "-c", "from kernelkit.harness.report import _plot_main; _plot_main()"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append((chunk, proc, json.dumps({"out_dir": str(out_dir), "jobs": {s: jobs[s] for s in chunk}})))
+    drawn = {}
+    for chunk, proc, request in procs:
+        out, err = proc.communicate(request)
+        try:
+            answer = json.loads(out)
+        except ValueError:
+            answer = {s: f"the plotting process failed: {(err.strip().splitlines() or ['no output'])[-1]}" for s in chunk}
+        drawn.update({s: [Path(p) for p in v] if isinstance(v, list) else v for s, v in answer.items()})
+    return drawn
+
+
+def _plot_main() -> None:
+    """The subprocess side of :func:`plot_sweeps`: a JSON request on stdin, the answer on stdout."""
+    import json
+    import sys
+
+    request = json.load(sys.stdin)
+    drawn = plot_sweeps({s: tuple(job) for s, job in request["jobs"].items()}, request["out_dir"])
+    json.dump({s: [str(p) for p in v] if isinstance(v, list) else v for s, v in drawn.items()}, sys.stdout)

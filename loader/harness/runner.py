@@ -8,6 +8,7 @@ reported as measured on a GPU that was not.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import os
@@ -15,7 +16,7 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, TextIO, Tuple
 
 import torch
 
@@ -32,6 +33,8 @@ from .results import CheckResult
 from .target import resolve
 
 CPU_MAX_NUMEL = 1 << 22  # CPU sweeps stop here: the GPU-sized sweeps would take minutes on a laptop
+RUN_SIZES = 5  # run is the overview: each size costs a torch.compile of the reference; bench sweeps them all
+RUN_BUDGET_MS = 50.0  # per contender and size; bench's default (100 ms) narrows the intervals further
 
 
 @dataclasses.dataclass
@@ -47,6 +50,7 @@ class Options:
     kernels_dir: Optional[str] = None
     quick: bool = False  # CI: 2 trials, the 3 smallest sizes, a short time budget
     copy_floor: bool = False  # also time a copy of the same bytes (bench(copy_floor=True))
+    full: bool = False  # every bench size of each spec at bench's budget, not the RUN_SIZES overview
 
 
 @dataclasses.dataclass
@@ -60,6 +64,7 @@ class CardRun:
     notes: List[str] = dataclasses.field(default_factory=list)
     check: Optional[CheckResult] = None
     bench: Optional[BenchResult] = None
+    target: Optional[tuple] = dataclasses.field(default=None, repr=False)  # (op, spec, device) once loaded
 
     def fail(self, what: str, message: str) -> None:
         self.ok = False
@@ -114,39 +119,46 @@ def _build_target(target: _build.Target) -> Built:
     return Built(cached, seconds)
 
 
-def build_all(names: Sequence[str], opts: Options, say: Callable[[str], None]) -> Dict[str, Built]:
-    """Build the cards ``names`` at the same time, min(cards, CPUs) at once; each build's failure is kept
-    as its card's. Builds are compiler processes, so threads suffice, and the cache's file locks keep
-    concurrent builders of a shared object apart. Planning (it imports the cards' specs) stays here."""
-    built: Dict[str, Built] = {}
+def builds_as_done(names: Sequence[str], opts: Options, say: Callable[[str], None]) -> Iterator[Tuple[str, Built]]:
+    """Build the cards ``names`` at the same time, min(cards, CPUs) at once, and yield ``(name, Built)`` as
+    each finishes (a card that cannot be planned first), so its check can start while the others compile.
+    Builds are compiler processes, so threads suffice, and the cache's file locks keep concurrent builders
+    of a shared object apart; each build's failure is kept as its card's. Planning (it imports the cards'
+    specs) stays in this thread."""
     targets = {}
     for name in names:
         if name == fastcall.AOT_NAME:  # kernelkit's own module, not a card: run_card builds it
+            yield name, None
             continue
         try:
             targets[name] = _plan(name, opts)
         except Exception as e:  # noqa: BLE001 - a card that cannot be planned is that card's failure
-            built[name] = Built(error=_failure(e))
+            yield name, Built(error=_failure(e))
     if not targets:
-        return built
+        return
     workers = max(1, min(len(targets), os.cpu_count() or 1))
     say(f"building {len(targets)} card(s), {workers} at a time")
     pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="kernelkit-run-build")
     try:
-        futures = {name: pool.submit(_build_target, target) for name, target in targets.items()}
-        for name, future in futures.items():
+        futures = {pool.submit(_build_target, target): name for name, target in targets.items()}
+        for future in concurrent.futures.as_completed(futures):
             try:
-                built[name] = future.result()
+                built = future.result()
             except Exception as e:  # noqa: BLE001 - one card's build error must not stop the others
-                built[name] = Built(error=_failure(e))
+                built = Built(error=_failure(e))
+            yield futures[future], built
     finally:
         pool.shutdown(wait=True, cancel_futures=True)  # on Ctrl-C, start no more builds
-    return built
+
+
+def build_all(names: Sequence[str], opts: Options, say: Callable[[str], None]) -> Dict[str, Built]:
+    """:func:`builds_as_done`, all of them."""
+    return dict(builds_as_done(names, opts, say))
 
 
 def run_card(card, gpu: bool, opts: Options, say: Callable[[str], None], built: Optional[Built] = None) -> CardRun:
-    """Check and bench one card where it can run here, after its build (``built`` by :func:`build_all`,
-    else built now)."""
+    """Load (after its build: ``built`` by :func:`builds_as_done`, else built now) and check one card where
+    it can run here; :func:`bench_card` times it later."""
     cr = CardRun(card.name, has_cuda=card.has_cuda)
     try:
         spec = card.spec
@@ -178,27 +190,46 @@ def run_card(card, gpu: bool, opts: Options, say: Callable[[str], None], built: 
     say(f"{card.name}: build {cr.build} (load {time.perf_counter() - t0:.1f} s), mode {cr.mode}")
     if device is None:
         return cr
-    op = resolve(spec, lib=lib, device=device).op
+    cr.target = (resolve(spec, lib=lib, device=device).op, spec, device)
     if opts.check:
         try:
-            cr.check = check(op, spec=spec, device=device, trials=2 if opts.quick else opts.trials)
+            cr.check = check(cr.target[0], spec=spec, device=device, trials=2 if opts.quick else opts.trials)
             if not cr.check.ok:
                 cr.fail("check", cr.check.message())
             say(f"{card.name}: {cr.check.summary()}")
         except Exception as e:  # noqa: BLE001
             cr.fail("check", f"could not run: {type(e).__name__}: {e}")
-    if opts.bench:
-        sizes = opts.sizes or (list(spec.bench_sizes)[:3] if opts.quick else None)
-        try:
-            cr.bench = bench(op, spec=spec, device=device, sizes=sizes, compile=opts.compile, graph=opts.graph,
-                             copy_floor=opts.copy_floor,
-                             budget_ms=opts.budget_ms or (10.0 if opts.quick else None),
-                             max_numel=None if device == "cuda" or opts.sizes else CPU_MAX_NUMEL,
-                             progress=lambda m: say("  " + m))
-            cr.notes += cr.bench.notes
-        except Exception as e:  # noqa: BLE001
-            cr.fail("bench", f"could not run: {type(e).__name__}: {e}")
     return cr
+
+
+def sweep(sizes: Sequence[Tuple[int, ...]], most: int) -> List[Tuple[int, ...]]:
+    """At most ``most`` of ``sizes``, spread evenly over the list and keeping both ends."""
+    sizes = list(sizes)
+    if len(sizes) <= most:
+        return sizes
+    picks = sorted({round(i * (len(sizes) - 1) / (most - 1)) for i in range(most)})
+    return [sizes[i] for i in picks]
+
+
+def bench_card(cr: CardRun, opts: Options, say: Callable[[str], None]) -> None:
+    """Time a card :func:`run_card` loaded: ``RUN_SIZES`` sizes of its sweep unless ``opts.full``."""
+    if cr.target is None:
+        return
+    op, spec, device = cr.target
+    sizes = opts.sizes or (list(spec.bench_sizes)[:3] if opts.quick else
+                           None if opts.full else sweep(spec.bench_sizes, RUN_SIZES))
+    try:
+        cr.bench = bench(op, spec=spec, device=device, sizes=sizes, compile=opts.compile, graph=opts.graph,
+                         copy_floor=opts.copy_floor,
+                         budget_ms=opts.budget_ms or (10.0 if opts.quick else None if opts.full else RUN_BUDGET_MS),
+                         max_numel=None if device == "cuda" or opts.sizes else CPU_MAX_NUMEL,
+                         progress=lambda m: say("  " + m))
+        cr.notes += cr.bench.notes
+        if sizes is not None and len(sizes) < len(spec.bench_sizes) and not opts.sizes:
+            cr.notes.append(f"{len(sizes)} of the spec's {len(spec.bench_sizes)} bench sizes; "
+                            f"`kernelkit bench {cr.name}` (or run --full) times them all")
+    except Exception as e:  # noqa: BLE001
+        cr.fail("bench", f"could not run: {type(e).__name__}: {e}")
 
 
 def run(ops: Optional[Sequence[str]] = None, out_dir="kernelkit-report", opts: Optional[Options] = None,
@@ -217,18 +248,24 @@ def run(ops: Optional[Sequence[str]] = None, out_dir="kernelkit-report", opts: O
     print(headline(env), file=stream, flush=True)
     cards = all_cards(opts.kernels_dir)
     names = list(ops) if ops else sorted(cards)
-    built = build_all([n for n in names if n in cards], opts, say)
-    results = []
-    for i, name in enumerate(names, 1):
-        say(f"[{i}/{len(names)}] {name}")
+    runs: Dict[str, CardRun] = {}
+    for name in names:
         if name not in cards:
-            cr = CardRun(name, build="FAIL")
-            cr.fail("card", f"no card named {name!r} (have: {', '.join(sorted(cards)) or 'none'})")
-        else:
-            cr = run_card(cards[name], gpu, opts, say, built.get(name))
-        results.append(cr)
+            runs[name] = CardRun(name, build="FAIL")
+            runs[name].fail("card", f"no card named {name!r} (have: {', '.join(sorted(cards)) or 'none'})")
+    # checks start as builds finish; timing waits until no compiler competes with it
+    with contextlib.closing(builds_as_done([n for n in names if n in cards], opts, say)) as builds:
+        for i, (name, built) in enumerate(builds, 1):
+            say(f"[{i}/{len(cards.keys() & set(names))}] {name}")
+            runs[name] = run_card(cards[name], gpu, opts, say, built)
+    if opts.bench:
+        for name in names:
+            bench_card(runs[name], opts, say)
+    results = [runs[name] for name in names]
     env["wall_s"] = round(time.perf_counter() - t0, 1)
+    say("writing the report and its plots")
     out = write_report(Path(out_dir), env, results)
+    say("report written")
     print(report.text_table(HEADERS, [summary_row(r) for r in results]), file=stream)
     for r in results:
         for e in r.errors:
@@ -281,6 +318,7 @@ def summary_row(r: CardRun) -> List[str]:
 
 def write_report(out: Path, env: Dict[str, Any], results: List[CardRun]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
+    plots = _plots(results, out / "plots")  # first: a plot that fails adds a note to its card
     (out / "results.json").write_text(json.dumps({"environment": env, "cards": [r.to_dict() for r in results]},
                                                  indent=1, default=str))
     benches = [r.bench for r in results if r.bench is not None]
@@ -300,17 +338,19 @@ def write_report(out: Path, env: Dict[str, Any], results: List[CardRun]) -> Path
         if r.bench is not None:
             b = r.bench
             md += ["### bench", "", b.summary(), "", report.markdown_table(b.headers(), b.table_rows()), ""]
-            md += [f"![{p.stem}](plots/{p.name})" for p in _plots(r, out / "plots")] + [""]
+            md += [f"![{p.stem}](plots/{p.name})" for p in plots.get(r.name, [])] + [""]
         md += [f"- note: {n}" for n in dict.fromkeys(r.notes)] + [""]
     (out / "summary.md").write_text("\n".join(md))
     return out
 
 
-def _plots(r: CardRun, plot_dir: Path) -> List[Path]:
-    if not any(row.get("median_us") for row in r.bench.rows):
-        return []
-    try:
-        return r.bench.plot(plot_dir)
-    except Exception as e:  # noqa: BLE001 - a plotting problem must not lose the report
-        r.notes.append(f"plots failed: {type(e).__name__}: {e}")
-        return []
+def _plots(results: List[CardRun], plot_dir: Path) -> Dict[str, List[Path]]:
+    """Each benched card's plots, drawn side by side in subprocesses where the machine has cores to spare."""
+    jobs = {r.name: r.bench.plot_args() for r in results
+            if r.bench is not None and any(row.get("median_us") for row in r.bench.rows)}
+    drawn = report.plot_sweeps(jobs, plot_dir, processes=min(len(jobs), (os.cpu_count() or 1) // 2))
+    by_card = {r.name: r for r in results}
+    for name, paths in drawn.items():
+        if not isinstance(paths, list):  # a plotting problem must not lose the report
+            by_card[name].notes.append(f"plots failed: {paths}")
+    return {name: paths for name, paths in drawn.items() if isinstance(paths, list)}
