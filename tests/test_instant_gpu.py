@@ -1,6 +1,10 @@
 """Instant kernels on a GPU: results for each argument kind, templates, streams, CUDA graphs, large shared
-memory, hot reload, and an instant kernel wrapped as a torch op (opcheck, torch.compile, graphs)."""
+memory, hot reload, an instant kernel wrapped as a torch op (opcheck, torch.compile, graphs), and a card whose
+device code NVRTC compiles (Spec.nvrtc_sources): its reference, a kernel edit without a rebuild, graphs."""
+import shutil
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -219,3 +223,70 @@ def test_the_documented_op_recipe_passes_kernelkit_check():
                              (torch.randn(shape, dtype=dtype, device=device, generator=generator), 2.0),
                              dtypes=[torch.float32], device="cuda")
     assert result.ok, result
+
+
+# ------------------------------------------------------------------ a card whose kernels NVRTC compiles
+NVRTC_CARD = "kk_scale_nvrtc"
+
+
+@pytest.fixture
+def nvrtc_card(tmp_path, monkeypatch):
+    """A copy of the fixture card to edit, built for the current GPU."""
+    for var in ("KERNELKIT_ARCH", "TORCH_CUDA_ARCH_LIST"):
+        monkeypatch.delenv(var, raising=False)
+    d = tmp_path / "cards"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "cards_nvrtc", d)
+    return d
+
+
+def test_a_card_with_nvrtc_kernels_matches_its_reference(nvrtc_card):
+    lib = kernelkit.load(NVRTC_CARD, kernels_dir=nvrtc_card)
+    assert lib.nvrtc.problem == "" and {e[0] for e in lib.nvrtc.entries} == {"scale<float>", "scale<double>"}
+    spec = lib.spec
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        for shape in spec.shapes:
+            x, a = spec.make_inputs(shape, dtype, "cuda", g)
+            torch.testing.assert_close(lib.kk_scale_nvrtc(x, a), spec.reference(x, a), rtol=0, atol=0)
+    result = kernelkit.check(NVRTC_CARD, kernels_dir=nvrtc_card, device="cuda")
+    assert result.ok, result
+
+
+def test_a_card_kernel_edit_reloads_without_rebuilding_the_binding(nvrtc_card):
+    lib = kernelkit.load(NVRTC_CARD, kernels_dir=nvrtc_card)
+    x = torch.randn(4097, device="cuda")
+    torch.testing.assert_close(lib.kk_scale_nvrtc(x, 2.0), 2.0 * x, rtol=0, atol=0)
+    kernelkit.refresh()  # cards other tests of this worker left edited are rebuilt now, not in the count below
+    path, so, stats = nvrtc_card / f"{NVRTC_CARD}.cu", lib.path, dict(kernelkit.STATS)
+    original = path.read_text()
+    path.write_text(original.replace("out[i] = a * x[i];", "out[i] = a * x[i] + T(1);"))
+    t0 = time.perf_counter()
+    changed = kernelkit.refresh()
+    y = lib.kk_scale_nvrtc(x, 2.0)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    assert NVRTC_CARD in changed and kernelkit.library(NVRTC_CARD) is lib and lib.path == so
+    assert (kernelkit.STATS["compiles"], kernelkit.STATS["links"]) == (stats["compiles"], stats["links"])
+    torch.testing.assert_close(y, 2.0 * x + 1, rtol=0, atol=0)
+    print(f"card kernel edit -> usable op (NVRTC, binding not rebuilt): {seconds * 1e3:.1f} ms")
+    path.write_text(original)  # undone: the first build's loaded kernels are handed back
+    assert NVRTC_CARD in kernelkit.refresh()
+    torch.testing.assert_close(lib.kk_scale_nvrtc(x, 2.0), 2.0 * x, rtol=0, atol=0)
+
+
+def test_a_card_with_nvrtc_kernels_in_a_cuda_graph(nvrtc_card):
+    lib = kernelkit.load(NVRTC_CARD, kernels_dir=nvrtc_card)
+    x = torch.randn(5000, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        lib.kk_scale_nvrtc(x, 3.0)  # warm-up on a side stream, as torch's docs ask
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = lib.kk_scale_nvrtc(x, 3.0)
+    for _ in range(2):
+        x.copy_(torch.randn(5000, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, 3.0 * x, rtol=0, atol=0)

@@ -36,6 +36,8 @@ def test_committed_outputs_are_small_and_error_free():
     for nb_path in NOTEBOOKS:
         assert nb_path.stat().st_size <= MAX_NOTEBOOK_BYTES, f"{nb_path.name}: {nb_path.stat().st_size} bytes"
         nb = nbformat.read(nb_path, as_version=4)
+        counts = [c.execution_count for c in nb.cells if c.cell_type == "code"]
+        assert counts == list(range(1, len(counts) + 1)), f"{nb_path.name} is not committed run top to bottom"
         for cell in nb.cells:
             for out in cell.get("outputs", []):
                 assert out.output_type != "error", f"{nb_path.name} was committed with an error output"

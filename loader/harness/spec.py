@@ -77,6 +77,11 @@ class Spec:
     device_dtypes: Mapping[str, Sequence[torch.dtype]] = dataclasses.field(default_factory=dict)
     #: dtype used for benchmark sweeps
     bench_dtype: torch.dtype = torch.float32
+    #: kernel-only CUDA files (relative to the card's directory) compiled in-process by NVRTC, as instant
+    #: kernels are, instead of by nvcc: a list, or {file: [template instantiations such as "axpy<float>"]}.
+    #: The binding launches their kernels by name (``kk::kernel("axpy<float>")``, <kernelkit/kernels.h>);
+    #: they are not part of the binding's build, so editing one recompiles only it (tens of milliseconds)
+    nvrtc_sources: Union[Sequence[str], Mapping[str, Sequence[str]]] = ()
 
     def tolerance(self, dtype: torch.dtype) -> Tuple[float, float]:
         if dtype in self.tolerances:

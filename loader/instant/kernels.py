@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -42,6 +42,7 @@ class _Build:
         self.symbols = symbols  # name expression -> symbol in the cubin
         self.ready: Dict[str, tuple] = {}  # name expression -> the launcher's leading arguments
         self._library = None
+        self._handles: Optional[Dict[str, tuple]] = None
 
     def prepare(self, expr: str) -> tuple:
         """Load the cubin (once) and return ``expr``'s launch entry."""
@@ -60,6 +61,20 @@ class _Build:
                  tuple(p.dtype for p in sig.params), tuple(p.name for p in sig.params))
         self.ready[expr] = entry
         return entry
+
+    def handles(self) -> Dict[str, Tuple[int, List[Tuple[int, str]]]]:
+        """Every kernel's CUkernel handle (one serves every device) and its parameters as (size in bytes,
+        declaration), the sizes as the cubin records them (0: not known). Loads the cubin, and each kernel on
+        the current GPU, so that no first launch loads one inside a CUDA graph capture."""
+        if self._handles is None:
+            mod = self._load()
+            device = torch.cuda.current_device()
+            found = {}
+            for expr, sig in self.signatures.items():
+                handle = mod.get_kernel(self._library, self.symbols[expr])
+                found[expr] = (handle, _parameters(sig, mod.param_info(handle, device)))
+            self._handles = found
+        return self._handles
 
     def _load(self):
         if self._library is None:
@@ -84,6 +99,16 @@ class _Build:
             raise KernelkitError(f"{sig}: kernelkit read {len(want)} parameter(s) of sizes {want} from the source, "
                                  f"but the compiled kernel has {len(got)} of sizes {got} (a macro or typedef in the "
                                  "signature?); declare the parameters with plain C types")
+
+
+def _parameters(sig: Signature, info) -> List[Tuple[int, str]]:
+    """(size, declaration) of each parameter: the driver's sizes (``info``), else the declared types' (a driver
+    before 12.4); a parameter the source declares in a way kernelkit does not read is named by position."""
+    if info is None:
+        return [(_SIZES.get(p.code, 0), p.describe()) for p in sig.params]
+    if len(info) != len(sig.params):
+        return [(size, f"parameter {i + 1}") for i, (_, size) in enumerate(info)]
+    return [(size, p.describe()) for (_, size), p in zip(info, sig.params)]
 
 
 class Launch:
@@ -200,7 +225,7 @@ def _read(source: Union[str, os.PathLike], name: Optional[str]) -> Tuple[str, st
         path = Path(source).expanduser().resolve()
         if not path.is_file():
             raise KernelkitError(f"source: {path} does not exist")
-        shown = nvrtc._shown(path)
+        shown = nvrtc.shown(path)
         return path.read_text(), shown, path.parent, name or path.stem
     if not isinstance(source, str) or not source.strip():
         raise KernelkitError("source: expected CUDA C++ text or the path of a .cu file")
@@ -222,6 +247,14 @@ def load_kernels(source: Union[str, os.PathLike], name: Optional[str] = None, *,
     torch.distributed process group whose ranks all make this call: its rank 0 compiles (or finds the cubin),
     the others receive it and check it against their own key (README, "Multi-GPU and clusters").
     """
+    return install(compile_kernels(source, name, options=options, include_paths=include_paths, arch=arch,
+                                   name_expressions=name_expressions, group=group))
+
+
+def compile_kernels(source: Union[str, os.PathLike], name: Optional[str] = None, *, options: Sequence[str] = (),
+                    include_paths: Sequence[Union[str, os.PathLike]] = (), arch=None,
+                    name_expressions: Sequence[str] = (), group=None) -> _Build:
+    """:func:`load_kernels`' compile (same arguments, cache and errors), without publishing a module."""
     joining = contextlib.nullcontext()
     if group is not None:
         from ..jit import distributed
@@ -243,8 +276,14 @@ def load_kernels(source: Union[str, os.PathLike], name: Optional[str] = None, *,
         program = nvrtc.plan(name, text, shown, base, [Path(p) for p in include_paths], options, arch, lookups)
     compiled = nvrtc.obtain(program) if group is None else distributed.obtain_program(program, group)
     symbols = {k: compiled.lowered.get(k, k) for k in signatures}
+    return _Build(program, compiled, signatures, symbols)
+
+
+def install(build: _Build) -> KernelModule:
+    """Make ``build`` the current build of the module named as its program (created on first use)."""
+    name = build.program.name
     module = _MODULES.get(name)
     if module is None:
         module = _MODULES[name] = KernelModule(name)
-    module._swap(_Build(program, compiled, signatures, symbols))
+    module._swap(build)
     return module

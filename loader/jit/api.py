@@ -43,6 +43,8 @@ class BuildInfo:
     path: Path
     cached: bool
     build_seconds: float
+    #: a card's NVRTC kernels, compiled (not loaded) for every arch asked for (``instant.card_kernels``)
+    nvrtc: Optional[object] = None
 
 
 def obtain(target: _build.Target, prebuilt_ok: bool = True, group=None):
@@ -63,7 +65,9 @@ def obtain(target: _build.Target, prebuilt_ok: bool = True, group=None):
     return _build.build(target)
 
 
-def _open(target: _build.Target, card: Optional[Card], options: dict, do_load: bool, group=None):
+def _open(target: _build.Target, card: Optional[Card], options: dict, do_load: bool, group=None, nvrtc=None):
+    """``nvrtc``: the card's NVRTC kernels (``instant.card_kernels``), handed to the library before it
+    becomes the card's current build."""
     with _LOCK:
         lib = registry.by_key(target.key)
         if lib is not None and group is not None:
@@ -71,17 +75,21 @@ def _open(target: _build.Target, card: Optional[Card], options: dict, do_load: b
         if lib is not None:  # unchanged: no compiler, no dlopen, no hashing of the .so
             if card is not None:  # identical content may live elsewhere: watch the files asked for now
                 lib.card, lib._options = card, options
+            if nvrtc is not None and do_load and lib.nvrtc != nvrtc:  # only kernel files changed: no rebuild
+                nvrtc.hand_to(lib)
             if registry.latest(target.name) is not lib:
                 registry.activate(lib)
             return lib
         so, cached, seconds = obtain(target, group=group)
         if not do_load:
-            return BuildInfo(target.name, target.key, so, cached, seconds)
+            return BuildInfo(target.name, target.key, so, cached, seconds, nvrtc)
         if cached:
             say(f"{target.name}: reusing cached build {target.key[:12]}")
         lib = _loading(target, so, lambda: Library(target.name, target.key, so, pymodule=target.pymodule,
                                                    cached=cached, build_seconds=seconds, card=card))
         lib._options = options
+        if nvrtc is not None:
+            nvrtc.hand_to(lib)
         module = card.module() if card is not None else None
         if module is not None and hasattr(module, "setup"):
             module.setup(lib)  # optional: the card's fake/autograd registrations, for this build's namespace
@@ -241,7 +249,10 @@ def load(name: Union[str, os.PathLike], sources=None, extra_cflags=None, extra_c
 
     ``load(name)`` builds (or reuses) the card ``name`` on the kernel search path (``kernels_dir`` or
     ``KERNELKIT_PATH`` plus the built-in cards), or a path to a card's ``.cu``/``.cpp``, and returns its
-    :class:`Library`. Calling again after an edit returns the new build; unchanged, the same object.
+    :class:`Library`. Calling again after an edit returns the new build; unchanged, the same object. A card
+    whose spec lists ``nvrtc_sources`` has those files compiled by NVRTC (docs/instant.md, "Cards with NVRTC
+    device code"): an edit of one recompiles it in tens of milliseconds and hands the new kernels to the
+    same library object, whose binding is not rebuilt.
 
     Both: ``arch`` ("8.0;9.0", or a list) overrides the CUDA architectures (default: the current GPU's);
     ``load=False`` builds into the cache without opening the result (e.g. compile-only on a machine
@@ -278,7 +289,18 @@ def load(name: Union[str, os.PathLike], sources=None, extra_cflags=None, extra_c
     with _joining(group, name):
         card = find_card(name, kernels_dir)
         target = plan.plan_card(card, arch, cflags, cuflags, ldflags, incs)
-    return _open(target, card, {**options, "name": str(name)}, load, group)
+    nvrtc = _card_kernels(card, arch, incs, load, group)  # before the binding: a kernel error keeps the build in use
+    return _open(target, card, {**options, "name": str(name)}, load, group, nvrtc)
+
+
+def _card_kernels(card: Card, arch, include_paths, do_load: bool, group):
+    """The card's ``nvrtc_sources`` compiled (and loaded, with a GPU) through the instant-kernel path; None
+    when it has none (the instant machinery is then not imported)."""
+    if not card.nvrtc_sources():
+        return None
+    from ..instant import card_kernels
+
+    return card_kernels.obtain(card, arch, include_paths, compile_only=not do_load, group=group)
 
 
 @_entry_point
@@ -382,8 +404,9 @@ _GONE: Dict[str, str] = {}  # card name -> the file of it found missing (noted o
 
 
 def refresh() -> List[str]:
-    """Reload every card loaded in this process whose sources changed; returns the names reloaded. A card
-    whose files are gone keeps its loaded build and is skipped with a one-line warning, once."""
+    """Reload every card loaded in this process whose sources changed; returns the names reloaded (a card
+    whose ``nvrtc_sources`` alone changed keeps its build, which gets the recompiled kernels). A card whose
+    files are gone keeps its loaded build and is skipped with a one-line warning, once."""
     changed = []
     for name, lib in list(_LATEST.items()):
         if lib.card is None:
@@ -395,8 +418,9 @@ def refresh() -> List[str]:
             _GONE[name] = gone
             continue
         _GONE.pop(name, None)
+        kernels = lib.nvrtc
         new = reload(lib)
-        if new is not lib:
+        if new is not lib or new.nvrtc != kernels:  # a new build, or new NVRTC kernels handed to the same one
             changed.append(name)
     return changed
 

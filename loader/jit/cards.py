@@ -1,8 +1,10 @@
 """Finding cards on the kernel search path, and reading their specs.
 
 A card named ``op`` lives in a kernels directory as ``op.cu`` (or ``op.cpp``), ``op.h`` and optionally
-``op.py`` (its ``SPEC`` and ``setup(lib)``). The search path is ``kernels_dir=`` when given, else the
-directories in ``KERNELKIT_PATH`` followed by the cards that ship with kernelkit.
+``op.py`` (its ``SPEC`` and ``setup(lib)``); files its spec lists in ``nvrtc_sources`` (``op.cu`` itself,
+or others) are kernel-only code for NVRTC, not sources of the nvcc build. The search path is
+``kernels_dir=`` when given, else the directories in ``KERNELKIT_PATH`` followed by the cards that ship
+with kernelkit.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import sys
 import traceback
 import types
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..errors import KernelkitError, SpecError
 
@@ -94,6 +96,26 @@ def _failure(error: BaseException, path: Path) -> str:
     return f"{where}: the card's spec failed to import: {type(error).__name__}: {message}{origin}"
 
 
+def nvrtc_entries(value, where: str) -> Dict[str, Tuple[str, ...]]:
+    """``Spec.nvrtc_sources`` as {file: template instantiations}: it may be a file, a list of files, or a
+    mapping file -> instantiations. SpecError (naming ``where``) for anything else."""
+    if not value:
+        return {}
+    if isinstance(value, (str, os.PathLike)):
+        value = [value]
+    if isinstance(value, Mapping):
+        items = [(f, (e,) if isinstance(e, str) else tuple(e or ())) for f, e in value.items()]
+    elif isinstance(value, (list, tuple)):
+        items = [(f, ()) for f in value]
+    else:
+        items = [(value, ())]
+    for f, exprs in items:
+        if not isinstance(f, (str, os.PathLike)) or not all(isinstance(e, str) for e in exprs):
+            raise SpecError(f"{where}: nvrtc_sources: expected a file name, a list of them, or a dict file -> "
+                            f'template instantiations (["axpy<float>"]), got {value!r:.120}')
+    return {str(f): exprs for f, exprs in items}
+
+
 @dataclasses.dataclass
 class Card:
     name: str
@@ -134,13 +156,27 @@ class Card:
         return getattr(mod, "SPEC", None) if mod else None
 
     def sources(self) -> List[Path]:
+        """The files of the nvcc/C++ build (never one of the NVRTC sources)."""
         spec = self.spec
+        nvrtc = self.nvrtc_sources()
         if spec is not None and spec.sources:
-            return [self.dir / s for s in spec.sources]
+            listed = [self.dir / s for s in spec.sources]
+            both = next((s for s in listed if s in nvrtc), None)
+            if both is not None:
+                raise SpecError(f"{self.spec_path}: {both.name} is in both sources= and nvrtc_sources=; a file is "
+                                "compiled by nvcc or by NVRTC, not both")
+            return listed
         for ext in (".cu", ".cpp"):
-            if (self.dir / f"{self.name}{ext}").is_file():
-                return [self.dir / f"{self.name}{ext}"]
+            own = self.dir / f"{self.name}{ext}"
+            if own.is_file() and own not in nvrtc:
+                return [own]
         return []
+
+    def nvrtc_sources(self) -> Dict[Path, Tuple[str, ...]]:
+        """The spec's ``nvrtc_sources``: each file with the template instantiations to compile from it."""
+        spec = self.spec
+        value = getattr(spec, "nvrtc_sources", None) if spec is not None else None
+        return {self.dir / f: exprs for f, exprs in nvrtc_entries(value, str(self.spec_path)).items()}
 
     def header(self) -> Optional[Path]:
         spec = self.spec
@@ -150,16 +186,16 @@ class Card:
 
     @property
     def has_cuda(self) -> bool:
-        return any(s.suffix == ".cu" for s in self.sources())
+        return bool(self.nvrtc_sources()) or any(s.suffix == ".cu" for s in self.sources())
 
     def missing_file(self) -> Optional[str]:
         """The file of this card that is gone from disk (its spec, a source), None while all are there."""
         if self.spec_path is not None and not self.spec_path.is_file():
             return str(self.spec_path)
-        sources = self.sources()
-        if not sources:
+        files = self.sources() + list(self.nvrtc_sources())
+        if not files:
             return str(self.dir / f"{self.name}.cu") + " (or .cpp)"
-        return next((str(s) for s in sources if not s.is_file()), None)
+        return next((str(s) for s in files if not s.is_file()), None)
 
 
 # ------------------------------------------------------------------ a card's sources, without running it
@@ -168,9 +204,10 @@ def _is_spec_call(node: ast.AST) -> bool:
     return isinstance(node, ast.Call) and (getattr(func, "attr", None) or getattr(func, "id", None)) == "Spec"
 
 
-def _literal_sources(spec_file: Path) -> Optional[List[str]]:
-    """The ``sources=`` of the ``Spec(...)`` call in a spec file, read without running the file; None when
-    it passes none. ValueError when there is no such call or the value is computed; SyntaxError."""
+def _literal_files(spec_file: Path) -> Tuple[Optional[List[str]], List[str]]:
+    """The ``sources=`` (None when it passes none) and the ``nvrtc_sources=`` files of the ``Spec(...)`` call
+    in a spec file, read without running the file. ValueError when there is no such call or a value is
+    computed; SyntaxError."""
     calls = [n for n in ast.walk(ast.parse(spec_file.read_text(), str(spec_file))) if _is_spec_call(n)]
     if len(calls) != 1:
         raise ValueError(f"{spec_file}: not one Spec(...) call")
@@ -178,32 +215,41 @@ def _literal_sources(spec_file: Path) -> Optional[List[str]]:
     if len(call.args) > 4 or any(isinstance(a, ast.Starred) for a in call.args) or any(
             kw.arg is None for kw in call.keywords):  # sources may be among *args / **kwargs
         raise ValueError(f"{spec_file}: Spec(...) gets its arguments unpacked")
+    sources, nvrtc = None, []
     for kw in call.keywords:
         if kw.arg == "sources":
             value = ast.literal_eval(kw.value)
-            return None if value is None else [str(s) for s in value]
-    return None
+            sources = None if value is None else [str(s) for s in value]
+        elif kw.arg == "nvrtc_sources":
+            try:
+                nvrtc = list(nvrtc_entries(ast.literal_eval(kw.value), str(spec_file)))
+            except SpecError as e:
+                raise ValueError(str(e)) from None
+    return sources, nvrtc
 
 
 def declared_sources(name: str, d: Path, note: Callable[[str], None] = lambda message: None) -> List[str]:
-    """The sources of card ``name`` in ``d``, relative to ``d``, as Card.sources() gives them, read from
-    its spec's ``Spec(..., sources=[...])`` without running it (and so without importing torch) when they
-    are written out there; otherwise the spec is imported, and when that fails ``note`` gets why and the
-    card's own file is listed."""
+    """The compiled files of card ``name`` in ``d``, relative to ``d``: its sources as Card.sources() gives
+    them, then its NVRTC sources. Read from its spec's ``Spec(..., sources=[...], nvrtc_sources=[...])``
+    without running it (and so without importing torch) when they are written out there; otherwise the
+    spec is imported, and when that fails ``note`` gets why and the card's own file is listed."""
     spec_file = d / f"{name}.py"
-    listed = None
+    listed, nvrtc = None, []
     if spec_file.is_file():
         try:
-            listed = _literal_sources(spec_file)
+            listed, nvrtc = _literal_files(spec_file)
         except (ValueError, SyntaxError):  # not a plain `Spec(..., sources=[...])`: only running it tells
             try:
-                spec = _card(name, d).spec
+                card = _card(name, d)
+                spec = card.spec
                 listed = list(spec.sources or []) if spec is not None else None
+                nvrtc = [str(p.relative_to(d)) for p in card.nvrtc_sources()]
             except SpecError as e:
                 note(str(e))
-    if listed:
-        return listed
-    return [f"{name}{ext}" for ext in (".cu", ".cpp") if (d / f"{name}{ext}").is_file()][:1]
+    if not listed:
+        listed = [f"{name}{ext}" for ext in (".cu", ".cpp") if (d / f"{name}{ext}").is_file()
+                  and f"{name}{ext}" not in nvrtc][:1]
+    return listed + [f for f in nvrtc if f not in listed]
 
 
 # ------------------------------------------------------------------------------------ the search path
@@ -234,7 +280,7 @@ def find(name: PathLike, kernels_dir=None) -> Card:
     for d in dirs:
         if _is_card(d, str(name)):
             card = _card(str(name), d)
-            if not card.sources():
+            if not card.sources() and not card.nvrtc_sources():
                 raise KernelkitError(f"card {name!r} in {d} has no {name}.cu or {name}.cpp (and its spec lists no sources)")
             return card
     raise KernelkitError(f"no card named {name!r}: looked for {name}.cu / {name}.cpp in " + ", ".join(map(str, dirs)))
@@ -244,11 +290,11 @@ def _own_files(card: Card) -> set:
     return {card.dir / f"{card.name}{ext}" for ext in (".cu", ".cpp")}
 
 
-def _listed_sources(card: Card) -> List[Path]:
-    """The card's sources, or none if its spec does not import (that error is the card's own: it shows when
-    the card is loaded, not while the others are listed)."""
+def _listed_files(card: Card) -> List[Path]:
+    """The card's sources and NVRTC sources, or none if its spec does not import (that error is the card's
+    own: it shows when the card is loaded, not while the others are listed)."""
     try:
-        return card.sources()
+        return card.sources() + list(card.nvrtc_sources())
     except Exception:
         return []
 
@@ -256,8 +302,8 @@ def _listed_sources(card: Card) -> List[Path]:
 def all_cards(kernels_dir=None) -> Dict[str, Card]:
     """Every card on the search path (the first directory that has a name wins).
 
-    A card is a ``.cu``/``.cpp`` file's stem, unless that file is one of the sources another card's spec
-    lists (a multi-file card's second translation unit is not a card of its own)."""
+    A card is a ``.cu``/``.cpp`` file's stem, unless that file is one of the sources (or NVRTC sources)
+    another card's spec lists (a multi-file card's second translation unit is not a card of its own)."""
     out: Dict[str, Card] = {}
     for d in search_path(kernels_dir):
         if not d.is_dir():
@@ -267,7 +313,7 @@ def all_cards(kernels_dir=None) -> Dict[str, Card]:
         parts = set()  # files that cards with a spec list besides their own
         for c in found:
             if c.spec_path is not None:
-                parts |= {s.resolve() for s in _listed_sources(c)} - _own_files(c)
+                parts |= {s.resolve() for s in _listed_files(c)} - _own_files(c)
         for c in found:
             if c.spec_path is not None or not _own_files(c) & parts:
                 out.setdefault(c.name, c)

@@ -6,7 +6,7 @@ import ctypes
 import importlib.util
 import re
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence
 
 import torch
 
@@ -42,6 +42,8 @@ class Library:
         self.card = card
         self.ns: Optional[str] = None
         self._op_names: Optional[List[str]] = None
+        #: the card's NVRTC kernels handed to this library (``instant.card_kernels.CardKernels``), if it has any
+        self.nvrtc = None
         self._handle = ctypes.CDLL(str(self.path))
         self._pymodule = None
         if pymodule:
@@ -54,6 +56,27 @@ class Library:
                 last = self._handle.kernelkit_last_error
                 last.restype = ctypes.c_char_p
                 raise KernelkitError(f"registering the ops of {name} failed: {last().decode(errors='replace')}")
+
+    def set_nvrtc_kernels(self, entries: Sequence[tuple], files: str, problem: str) -> None:
+        """Replace the kernels the binding launches by name (``<kernelkit/kernels.h>``): ``entries`` are (name,
+        CUkernel handle, file, [(size, declaration)] or None) each; ``problem`` says why there are none."""
+        hand = getattr(self._handle, "kernelkit_nvrtc_kernels", None)
+        if hand is None:
+            raise KernelkitError(f"{self.name}: its library does not include <kernelkit/kernels.h>, so it cannot take "
+                                 "NVRTC kernels")
+        n = len(entries)
+        texts, pointers = ctypes.c_char_p * max(n, 1), ctypes.c_void_p * max(n, 1)
+        names = texts(*[name.encode() for name, _, _, _ in entries])
+        handles = pointers(*[handle for _, handle, _, _ in entries])
+        sources = texts(*[source.encode() for _, _, source, _ in entries])
+        params = texts(*[None if p is None else "".join(f"{size} {decl}\n" for size, decl in p).encode()
+                         for _, _, _, p in entries])
+        text_array, pointer_array = ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_void_p)
+        hand.argtypes = [ctypes.c_int, text_array, pointer_array, text_array, text_array, ctypes.c_char_p,
+                         ctypes.c_char_p]
+        hand.restype = ctypes.c_int
+        if hand(n, names, handles, sources, params, files.encode(), problem.encode()) != 0:
+            raise KernelkitError(f"{self.name}: handing its NVRTC kernels to the library failed")
 
     @property
     def spec(self):

@@ -111,10 +111,12 @@ def plan_card(card: Card, arch, extra_cflags, extra_cuda_cflags, extra_ldflags,
     cflags = list(getattr(spec, "extra_cflags", ()) or ()) + extra_cflags
     cuflags = list(getattr(spec, "extra_cuda_cflags", ()) or ()) + extra_cuda_cflags
     sources = card.sources()
-    with_cuda = any(s.suffix == ".cu" for s in sources)
+    nvrtc = card.nvrtc_sources()  # compiled apart (jit.api, instant.card_kernels): not in this build's key
+    has_cu = any(s.suffix == ".cu" for s in sources)
+    with_cuda = has_cu or bool(nvrtc)
     if with_cuda:
         toolchain.check_cuda_match(f"card {card.name}")
-    archs = toolchain.arch_list(arch) if with_cuda else []
+    archs = toolchain.arch_list(arch) if has_cu else []
     include_dirs = [card.dir, toolchain.INCLUDE] + [Path(p).resolve() for p in extra_include_paths]
     units, texts = [], {}
     for src in sources:
@@ -126,11 +128,15 @@ def plan_card(card: Card, arch, extra_cflags, extra_cuda_cflags, extra_ldflags,
                                       archs, display(src)))
         texts[display(src)] = text.splitlines()
     header = card.header()
+    if header is None and nvrtc:
+        raise KernelkitError(f"card {card.name}: nvrtc_sources are launched from the binding, but there is no "
+                             f"header {card.dir / (card.name + '.h')} (or Spec.header) to hold it")
     if header is not None:
         text = "".join([
             "#define KERNELKIT_BINDING 1\n",
             "#define KERNELKIT_WITH_CUDA 1\n" if with_cuda else "",
             "#include <kernelkit/binding.h>\n",
+            "#include <kernelkit/kernels.h>\n" if nvrtc else "",  # its entry point receives the kernels
             f'#include "{header.name}"\n',
         ])
         path = write_source(text, f"{card.name}_binding.cpp")

@@ -41,8 +41,9 @@ def scan_includes(text: str, here: Path, include_dirs: Sequence[Path]) -> Tuple[
                 uses_torch = True
             dirs: Iterable[Path] = ([base] if kind == '"' else []) + list(include_dirs)
             for d in dirs:
-                cand = (d / name).resolve()
-                if cand.is_file():
+                cand = d / name
+                if cand.is_file():  # before resolve(): most candidates (system headers) do not exist
+                    cand = cand.resolve()
                     if cand not in visited:
                         visited.add(cand)
                         found[cand] = None
