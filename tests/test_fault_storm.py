@@ -1,5 +1,5 @@
 """Fault storm (issue 23): a build SIGKILLed at 20 points, sources edited at random moments during builds,
-and 16 processes mixing loads, edits, gc, clear (and SIGKILLs) for KERNELKIT_STORM_SECONDS (default 40).
+and 16 processes mixing loads, edits, gc, clear (and SIGKILLs) for KERNELKIT_STORM_SECONDS (default 60).
 Each ends with every cache entry verified, no process hung, and every load returning the code its sources
 say; the counts are printed at the end of the module (pytest -s shows them).
 
@@ -27,7 +27,7 @@ from kernelkit.jit import build, cache
 from test_faults import (TU, _running_in_group, _value, cache_root, call_f, card, launcher,  # noqa: F401
                          make_target)
 
-STORM_SECONDS = float(os.environ.get("KERNELKIT_STORM_SECONDS", "40"))
+STORM_SECONDS = float(os.environ.get("KERNELKIT_STORM_SECONDS", "60"))
 STORM_PROCS = 16
 EDIT_SECONDS = 6.0
 V_POOL = range(1, 13)  # few header values and TU variants: contents recur, so keys are shared between

@@ -18,15 +18,17 @@ module as ``NAME``: ``NAME.my_kernel[grid, block](tensor, ..., n)``.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import os
 import re
 import shlex
 import sys
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Dict, Iterator, Optional, Tuple
 
 from .. import inspect as kk_inspect
-from ..errors import KernelkitError
+from ..errors import BuildError, KernelkitError
 from ..inspect import device_output as _capture
 from ..instant.kernels import load_kernels, loaded_modules
 from ..jit import api, registry
@@ -79,15 +81,17 @@ def kernelkit_cell(line: str, cell: str, user_ns: dict):
                          "[--cuda-flags ...] [--cpp | --kernels]") from None
     if args.kernels:
         # a blank first line: compiler line numbers are the cell's, whose line 1 is the %%kernelkit line
-        user_ns[args.name] = load_kernels("\n" + cell, args.name, arch=args.arch, options=args.flags or ())
+        with _errors_cite_the_cell(args.name):
+            user_ns[args.name] = load_kernels("\n" + cell, args.name, arch=args.arch, options=args.flags or ())
         CELLS[args.name] = (line, cell)
         return None
     cuda, cpp = split_cell(cell, cpp_only(line, cell))
     if cuda is not None and cpp is None and not args.functions:
         raise ValueError("%%kernelkit: a CUDA cell needs a '// --- binding ---' line followed by the "
                          "torch-facing C++ (or --cpp for a C++-only cell)")
-    lib = api.load_inline(args.name, cuda=cuda, cpp=cpp, functions=args.functions, arch=args.arch,
-                          extra_cflags=args.flags, extra_cuda_cflags=args.cuda_flags)
+    with _errors_cite_the_cell(args.name):
+        lib = api.load_inline(args.name, cuda=cuda, cpp=cpp, functions=args.functions, arch=args.arch,
+                              extra_cflags=args.flags, extra_cuda_cflags=args.cuda_flags)
     CELLS[args.name] = (line, cell)
     names = lib.functions()
     handle = args.name if args.name not in names else f"{args.name}_lib"  # an op named like the cell keeps its name
@@ -97,6 +101,23 @@ def kernelkit_cell(line: str, cell: str, user_ns: dict):
     for fn in names:
         user_ns[fn] = getattr(lib, fn)
     return None
+
+
+@contextlib.contextmanager
+def _errors_cite_the_cell(name: str) -> Iterator[None]:
+    """Compiler errors in the cell's code name the cell ("cell %%kernelkit NAME:3:5: error: ..."), not the
+    ``NAME.cu``/``NAME.cpp`` files kernelkit wrote it to; the lines already are the cell's."""
+    try:
+        yield
+    except BuildError as e:
+        own = {f"{name}.cu", f"{name}.cpp"}
+        if not any(d.file in own for d in e.diagnostics):
+            raise
+        cited = [dataclasses.replace(d, file=f"cell %%kernelkit {name}") if d.file in own else d for d in e.diagnostics]
+        what = e.what
+        for file in own:
+            what = what.replace(file, f"the %%kernelkit {name} cell")
+        raise BuildError(what, cited, e.log, e.command) from None
 
 
 def last_cell(name: str) -> str:
