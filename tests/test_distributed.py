@@ -16,7 +16,8 @@ import pytest
 
 WORLD = 4
 HERE = Path(__file__).resolve()
-TIMEOUT_S = 20  # the process group's timeout: how long a rank may wait for a dead one
+TIMEOUT_S = 20  # the killed job's process group timeout: how long a rank may wait for a dead one
+BUILD_TIMEOUT_S = 240  # the main job's: longer than a cold build of a card (torch headers) on a busy 2-core box
 
 TU = '#include "v.h"\nextern "C" __attribute__((visibility("default"))) int {fn}() {{ return V * 100 + {w}; }}\n'
 KERNEL = 'extern "C" __global__ void scale(float* x, float a, int n) { int i = threadIdx.x; if (i < n) x[i] *= a; }'
@@ -104,6 +105,19 @@ def _kernels(rank, group):
             "in_own_cache": str(mod.cubin).startswith(str(Path("cache").resolve()))}
 
 
+def _card(rank, group):
+    import shutil
+
+    import torch
+
+    import kernelkit
+
+    shutil.copytree(HERE.parent / "fixtures" / "cards", "cards", ignore=shutil.ignore_patterns("__pycache__"))
+    lib = kernelkit.load("kk_add_skip_last", kernels_dir="cards", group=group)  # a card, by name
+    return {"card_so": str(lib.path), "card_sha256": hashlib.sha256(lib.path.read_bytes()).hexdigest(),
+            "out": lib.kk_add_ok(torch.arange(5.0), torch.ones(5)).tolist()}
+
+
 def _verify(rank, group):
     from kernelkit.jit import cache
 
@@ -113,7 +127,7 @@ def _verify(rank, group):
 SCENARIOS = {"ok": _ok, "again": _ok, "partial": _partial, "shared": _shared, "node": _node,
              "bad": lambda r, g: {"so": _lib("bad", "bad/f.cpp", g)},
              "diff": lambda r, g: {"so": _lib("diff", "diff/f.cpp", g)},
-             "missing": _missing, "kernels": _kernels, "verify": _verify}
+             "missing": _missing, "kernels": _kernels, "card": _card, "verify": _verify}
 
 
 def worker(root: Path, rank: int, world: int, job: str) -> None:
@@ -123,7 +137,7 @@ def worker(root: Path, rank: int, world: int, job: str) -> None:
     os.environ["KERNELKIT_CACHE_DIR"] = str(Path("cache").resolve())
     _files(rank)
     dist.init_process_group("gloo", init_method=f"file://{root}/rendezvous", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=TIMEOUT_S))
+                            timeout=datetime.timedelta(seconds=TIMEOUT_S if job == "killed" else BUILD_TIMEOUT_S))
     group = dist.group.WORLD
     if job == "killed":
         if rank == 0:  # the compiler launcher kills this rank mid-build
@@ -193,6 +207,17 @@ def test_ranks_whose_cache_holds_the_build_skip_the_transfer(job):
     assert [r["compiles"] for r in part] == [1, 1, 0, 0]
     assert [r["received"] for r in part] == [0, 0, 1, 1]
     assert {r["value"] for r in part} == {502} and len({r["sha256"] for r in part}) == 1
+
+
+def test_a_card_by_name_is_built_once_per_job(job):
+    res = _all(job, "card")
+    assert [r.get("error") for r in res] == [None] * WORLD, res
+    assert res[0]["compiles"] >= 1 and [r["compiles"] for r in res[1:]] == [0] * (WORLD - 1)
+    assert [r["received"] for r in res] == [0, 1, 1, 1]
+    assert len({r["card_sha256"] for r in res}) == 1
+    assert [r["out"] for r in res] == [[1.0, 2.0, 3.0, 4.0, 5.0]] * WORLD
+    for r, x in enumerate(res):
+        assert f"rank{r}/cache/" in x["card_so"]
 
 
 def test_a_shared_cache_means_one_build_and_no_transfer(job):

@@ -100,7 +100,8 @@ def _collective(what: str, src: int, group) -> Iterator[None]:
         raise KernelkitError(
             f"{what}: the exchange with rank {dist.get_global_rank(group, src)} (group rank {src}, the building "
             f"rank) failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}. That rank died, "
-            "timed out (the process group's timeout bounds the wait) or did not call with the same group=.") from None
+            "took longer to build than the process group's timeout (init_process_group(timeout=...) bounds the "
+            "wait: make it longer than a cold build) or did not call with the same group=.") from None
 
 
 # ---------------------------------------------------------------------------------------- artifacts
