@@ -414,7 +414,9 @@ def test_edits_at_random_moments_during_builds(cache_root, card, tmp_path, tally
     assert ok, counts
     print(f"edits during builds: {edits} edits, {counts}")
     assert counts.get("wrong", 0) == 0 and counts.get("vanished", 0) == 0, counts  # nothing clears the cache here
-    assert counts.get("loads", 0) >= 5 and counts.get("refused", 0) >= 1, counts  # the edits did land mid-build
+    # the edits did land mid-build, and loads ran between them (how many depends on how busy the machine is)
+    assert counts.get("loads", 0) >= 1 and counts.get("refused", 0) >= 1, counts
+    assert counts.get("loads", 0) + counts.get("refused", 0) >= 10, counts
     [(got, expected, _)] = _in_child(_load_cards, _env(), [str(card)])
     assert got == expected  # what the files on disk say now
     debris = _verify_fix_clean()
