@@ -21,10 +21,10 @@ from pathlib import Path
 import filelock
 import pytest
 
-from kernelkit.jit import build, cache, plan, prebuilt, reaper, toolchain
+from kernelkit.jit import build, cache, plan, prebuilt, reaper, sources, toolchain
 from kernelkit.frontends import cli
-from kernelkit.errors import (BuildError, CacheSecurityError, CacheUnwritable, Diagnostic, KernelkitError,
-                              SourcesChanged)
+from kernelkit.diagnostics import Diagnostic
+from kernelkit.errors import BuildError, CacheSecurityError, CacheUnwritable, KernelkitError, SourcesChanged
 from kernelkit.jit.sources import sha256_file
 
 TU = '#include "v.h"\nextern "C" __attribute__((visibility("default"))) int f() {{ return V * 100 + {w}; }}\n'
@@ -300,7 +300,7 @@ def _binding_unit(tmp_path) -> build.Unit:
     src = tmp_path / "b.cpp"
     text = "#include <kernelkit/binding.h>\n"
     src.write_text(text)
-    return build.plan_unit("cpp", src, text, [toolchain.CSRC], [], [], "b.cpp", pch_defines=["KERNELKIT_BINDING=1"])
+    return build.plan_unit("cpp", src, text, [sources.CSRC], [], [], "b.cpp", pch_defines=["KERNELKIT_BINDING=1"])
 
 
 @pytest.fixture

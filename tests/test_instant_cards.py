@@ -38,6 +38,20 @@ def edit(path: Path, old: str, new: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the spec
+def test_archs_follow_the_toolchain_order_but_compile_nothing_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("KERNELKIT_ARCH", raising=False)
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    assert card_kernels._archs(None, compile_only=False) == ([], None)  # nvcc builds would get 9.0 here
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "7.5;8.6+PTX")
+    assert card_kernels._archs(None, compile_only=True) == (["75", "86"], None)
+    monkeypatch.setenv("KERNELKIT_ARCH", "sm_90a")
+    assert card_kernels._archs(None, compile_only=True) == (["90a"], None)
+    assert card_kernels._archs("8.0", compile_only=True) == (["80"], None)
+    with pytest.raises(KernelkitError, match="arch"):
+        card_kernels._archs("ninety", compile_only=True)
+
+
 def test_nvrtc_sources_forms():
     assert cards.nvrtc_entries(None, "s") == {}
     assert cards.nvrtc_entries("k.cu", "s") == {"k.cu": ()}

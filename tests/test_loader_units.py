@@ -10,7 +10,8 @@ import pytest
 import kernelkit
 from kernelkit.jit import cache, toolchain
 from kernelkit.frontends import cli
-from kernelkit.errors import BuildError, parse_diagnostics
+from kernelkit.diagnostics import parse_diagnostics
+from kernelkit.errors import BuildError
 from kernelkit.jit.sources import digest_tree, scan_includes
 
 
@@ -38,6 +39,16 @@ def test_arch_precedence(monkeypatch):
     assert toolchain.arch_list() == ["8.6"]
     monkeypatch.delenv("KERNELKIT_ARCH")
     assert toolchain.arch_list() == ["7.5"]
+
+
+def test_arch_list_without_a_gpu_falls_back_to_its_argument(monkeypatch):
+    for var in ("KERNELKIT_ARCH", "TORCH_CUDA_ARCH_LIST"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(toolchain.torch.cuda, "is_available", lambda: False)
+    assert toolchain.arch_list() == ["9.0"]
+    assert toolchain.arch_list(no_gpu=("8.0", "9.0+PTX")) == ["8.0", "9.0+PTX"]
+    assert toolchain.arch_list(no_gpu=()) == []
+    assert toolchain.arch_list("8.6", no_gpu=()) == ["8.6"]
 
 
 def test_gencode_flags():

@@ -237,6 +237,17 @@ def test_ncu_not_found_says_where_it_looked(tmp_path, monkeypatch):
     assert profiling.find_ncu() == str(found / "ncu")
 
 
+def test_ncu_is_looked_up_afresh_when_kernelkit_ncu_changes(tmp_path, monkeypatch):
+    first, second = tmp_path / "a" / "ncu", tmp_path / "b" / "ncu"
+    for exe in (first, second):
+        exe.parent.mkdir()
+        shutil.copy("/bin/true", exe)
+    monkeypatch.setenv("KERNELKIT_NCU", str(first))
+    assert profiling.find_ncu() == str(first)
+    monkeypatch.setenv("KERNELKIT_NCU", str(second))
+    assert profiling.find_ncu() == str(second)
+
+
 def _local_function(x):
     return x
 

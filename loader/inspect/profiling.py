@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import glob
 import io
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import KernelkitError
 from ..harness import report
+from . import tools
 from .reports import _short
 
 _FLOP_OPS = {"fp64": "d", "fp32": "f", "fp16": "h"}
@@ -74,28 +73,15 @@ class ProfileError(KernelkitError):
 
 
 # ------------------------------------------------------------------------------------------- finding ncu
-def _executable(path: Path) -> bool:
-    return path.is_file() and os.access(path, os.X_OK)
-
-
 def find_ncu() -> str:
-    """ncu's path: KERNELKIT_NCU, then PATH, then /usr/local/cuda/bin and /opt/nvidia/nsight-compute/*/."""
-    env = os.environ.get("KERNELKIT_NCU")
-    if env:
-        if not _executable(Path(env).expanduser()):
-            raise ProfileError(f"KERNELKIT_NCU={env} is not an executable file: point it at Nsight Compute's ncu")
-        return str(Path(env).expanduser())
-    on_path = shutil.which("ncu")
-    if on_path:
-        return on_path
-    for pattern in NCU_DIRS:
-        for d in sorted(glob.glob(pattern), reverse=True):  # nsight-compute/2025.3.1 before 2024.1.0
-            if _executable(Path(d) / "ncu"):
-                return str(Path(d) / "ncu")
-    raise ProfileError("kernelkit.profile needs Nsight Compute's ncu: not found in KERNELKIT_NCU (unset), on PATH, "
-                       f"nor in {', '.join(d + '/' for d in NCU_DIRS)}. Install Nsight Compute (the CUDA toolkit "
-                       "ships it) and put ncu on PATH, or point KERNELKIT_NCU at it: "
-                       "export KERNELKIT_NCU=/path/to/ncu")
+    """ncu's path: KERNELKIT_NCU, then PATH, then NCU_DIRS; looked up on every call, since KERNELKIT_NCU may
+    change between profiles in one process."""
+    try:
+        return tools.locate("ncu", "KERNELKIT_NCU", tuple(NCU_DIRS))
+    except KernelkitError as e:
+        raise ProfileError(f"kernelkit.profile needs Nsight Compute's {e}. Install Nsight Compute (the CUDA toolkit "
+                           "ships it) and put ncu on PATH, or point KERNELKIT_NCU at it: "
+                           "export KERNELKIT_NCU=/path/to/ncu") from None
 
 
 # ------------------------------------------------------------------------------------------- ncu's CSV

@@ -1,13 +1,14 @@
-"""Finding and running NVIDIA's binary tools (cuobjdump) and c++filt."""
+"""Finding and running NVIDIA's binary tools (cuobjdump, ncu) and c++filt."""
 from __future__ import annotations
 
 import functools
+import glob
 import importlib.util
 import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from ..errors import KernelkitError
 
@@ -26,21 +27,43 @@ def _wheel_bins() -> List[Path]:
     return found
 
 
+def _executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
 @functools.lru_cache(maxsize=None)
 def find(name: str) -> str:
-    """The tool's path: CUDA_HOME/bin, CUDA_PATH/bin, PATH, /usr/local/cuda/bin, then NVIDIA's PyPI wheels."""
-    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
-    for home in filter(None, homes):
-        path = Path(home) / "bin" / name
-        if path.is_file() and os.access(path, os.X_OK):
-            return str(path)
+    """:func:`locate` with its defaults, once per process (cuobjdump and c++filt do not move while it runs)."""
+    return locate(name)
+
+
+def locate(name: str, env: Optional[str] = None, dirs: Optional[Tuple[str, ...]] = None) -> str:
+    """The tool's path: the file the variable ``env`` names when it is set, else the first found in CUDA_HOME/bin,
+    CUDA_PATH/bin, PATH, /usr/local/cuda/bin, then NVIDIA's PyPI wheels. ``dirs`` (glob patterns, newest match
+    first) replace all of these but PATH."""
+    named = os.environ.get(env) if env else None
+    if named:
+        if not _executable(Path(named).expanduser()):
+            raise KernelkitError(f"{name}: {env}={named} is not an executable file")
+        return str(Path(named).expanduser())
+    if dirs is None:
+        before = [Path(home) / "bin" for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")) if home]
+        after = [Path("/usr/local/cuda/bin"), *_wheel_bins()]
+    else:
+        before = []
+        after = [Path(d) for pattern in dirs for d in sorted(glob.glob(pattern), reverse=True)]  # 2025.3 before 2024.1
+    for d in before:
+        if _executable(d / name):
+            return str(d / name)
     on_path = shutil.which(name)
     if on_path:
         return on_path
-    for d in [Path("/usr/local/cuda/bin"), *_wheel_bins()]:
-        path = d / name
-        if path.is_file() and os.access(path, os.X_OK):
-            return str(path)
+    for d in after:
+        if _executable(d / name):
+            return str(d / name)
+    if dirs is not None:
+        unset = f"in {env} (unset), " if env else ""
+        raise KernelkitError(f"{name}: not found {unset}on PATH, nor in {', '.join(d + '/' for d in dirs)}")
     package = PACKAGES.get(name, name)
     raise KernelkitError(f"kernelkit.inspect needs NVIDIA's {name}, found neither in CUDA_HOME/bin nor on PATH nor "
                          f"in a PyPI wheel: pip install 'kernelkit[inspect]' (or pip install {package})")

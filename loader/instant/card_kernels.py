@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -50,14 +49,13 @@ def _gpu_arch() -> Optional[str]:
 
 
 def _archs(arch, compile_only: bool) -> Tuple[List[str], Optional[str]]:
-    """(the archs to compile for, the current GPU's or None): ``arch`` > KERNELKIT_ARCH >
-    TORCH_CUDA_ARCH_LIST > the current GPU > none (a process without a GPU compiles only when told to).
+    """(the archs to compile for, the current GPU's or None): ``toolchain.arch_list``'s order, but a process
+    without a GPU compiles only when told to.
     Where the list holds the current GPU's arch only that one is compiled: the others would be compile-only
     checks, and the edit path stays one NVRTC compile per file."""
     here = _gpu_arch()
-    listed = arch or os.environ.get("KERNELKIT_ARCH") or os.environ.get("TORCH_CUDA_ARCH_LIST")
     try:
-        wanted = [nvrtc.arch_for(a) for a in toolchain.parse_arch_list(listed)] if listed else [here] if here else []
+        wanted = [nvrtc.arch_for(a) for a in toolchain.arch_list(arch, no_gpu=())]
     except ValueError as e:
         raise KernelkitError(str(e)) from None
     if not compile_only and here in [a.rstrip("af") for a in wanted]:

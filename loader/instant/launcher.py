@@ -19,12 +19,12 @@ from typing import Optional
 import torch
 
 from ..errors import CacheSecurityError
-from ..jit import cache, toolchain
+from ..jit import cache
 from ..jit.library import import_extension
-from ..jit.sources import sha256_file
+from ..jit.sources import CSRC, INCLUDE, sha256_file
 
 MODULE_NAME = "_kernelkit_launch"
-SOURCE = toolchain.CSRC / "launch.cpp"
+SOURCE = CSRC / "launch.cpp"
 _LOCK = threading.Lock()
 _MODULE = []
 
@@ -37,7 +37,7 @@ def target():
     text = SOURCE.read_text()
     include = cuda_include_dir()
     flags = [f"-I{include}"] if include is not None else []
-    unit = build.plan_unit("cpp", SOURCE, text, [toolchain.INCLUDE], flags, [], "kernelkit/launch.cpp", optimize="-O2")
+    unit = build.plan_unit("cpp", SOURCE, text, [INCLUDE], flags, [], "kernelkit/launch.cpp", optimize="-O2")
     return plan.make_target("launch", [unit], False, MODULE_NAME, [], {"kernelkit/launch.cpp": text.splitlines()})
 
 

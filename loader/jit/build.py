@@ -23,10 +23,11 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
-from ..errors import BuildError, KernelkitError, SourcesChanged, parse_diagnostics
+from ..diagnostics import parse_diagnostics
+from ..errors import BuildError, KernelkitError, SourcesChanged
 from . import cache, reaper, toolchain
 from .progress import Status, say
-from .sources import digest_tree, scan_includes, sha256_bytes, sha256_file
+from .sources import INCLUDE, digest_tree, scan_includes, sha256_bytes, sha256_file
 
 log = logging.getLogger("kernelkit")
 
@@ -317,11 +318,11 @@ def _pch_plan(unit: Unit) -> Tuple[Path, List[str]]:
     Card include dirs are left out (gcc does not need -I to match), so every card shares one PCH."""
     flags = [f for f in unit.flags
              if not (f.startswith("-I") and f[2:] not in toolchain.torch_include_paths(True)
-                     and f[2:] not in toolchain.torch_include_paths(False) and f[2:] != str(toolchain.INCLUDE)
+                     and f[2:] not in toolchain.torch_include_paths(False) and f[2:] != str(INCLUDE)
                      and f[2:] != toolchain.python_include())]
     defines = [f"-D{d}" for d in unit.pch_defines or []]
-    header = toolchain.INCLUDE / "kernelkit" / "binding.h"
-    deps, _ = scan_includes(header.read_text(), header.parent, [toolchain.INCLUDE])
+    header = INCLUDE / "kernelkit" / "binding.h"
+    deps, _ = scan_includes(header.read_text(), header.parent, [INCLUDE])
     key = sha256_bytes(b"pch", toolchain.fingerprint().encode(), "\0".join(flags + defines).encode(),
                        digest_tree(header.read_bytes(), deps).encode())[:24]
     pch_root = cache.subdir("pch") / key

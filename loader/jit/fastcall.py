@@ -21,7 +21,7 @@ from typing import Callable, List, Optional
 
 import torch
 
-from . import cache, prebuilt, progress, toolchain
+from . import cache, prebuilt, progress, sources
 from . import build as _build
 from .plan import make_target
 from .library import import_extension
@@ -29,7 +29,7 @@ from .library import import_extension
 log = logging.getLogger("kernelkit")
 
 MODULE_NAME = "_kernelkit_fastcall"
-SOURCE = toolchain.CSRC / "fastcall.cpp"
+SOURCE = sources.CSRC / "fastcall.cpp"
 AOT_NAME = "fastcall"  # its name among the AOT targets (python -m kernelkit.aot fastcall)
 
 MIN_BUILD_CPUS = 4  # fewer CPUs: no background build unless KERNELKIT_FASTCALL=1 asks for one
@@ -60,7 +60,7 @@ def ready_made(t: _build.Target) -> bool:
 
 def target() -> _build.Target:
     text = SOURCE.read_text()
-    unit = _build.plan_unit("cpp", SOURCE, text, [toolchain.INCLUDE], [], [], "kernelkit/fastcall.cpp", optimize="-O2")
+    unit = _build.plan_unit("cpp", SOURCE, text, [sources.INCLUDE], [], [], "kernelkit/fastcall.cpp", optimize="-O2")
     return make_target("fastcall", [unit], False, MODULE_NAME, [], {"kernelkit/fastcall.cpp": text.splitlines()})
 
 

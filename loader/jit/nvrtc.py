@@ -18,16 +18,14 @@ import sys
 from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from ..errors import BuildError, KernelkitError, parse_diagnostics
-from . import cache, toolchain
-from .progress import Status
+from ..errors import BuildError, KernelkitError
+from . import cache, sources
 
 FORMAT = "kernelkit-nvrtc-1"
-_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"]+)[>"]', re.M)
 DEFAULT_OPTIONS = ("--std=c++17", "-lineinfo")
 
 
-class Program(NamedTuple):  # NamedTuples, not dataclasses: creating a dataclass costs a warm start ~0.7 ms
+class Program(NamedTuple):  # NamedTuples, not dataclasses: building a dataclass at import slows a warm start
     """What one compile needs; ``key`` covers all of it."""
     name: str
     display: str  # the source's name in messages: a path, or "<name>.cu" for a string
@@ -94,6 +92,8 @@ def cuda_include_dir() -> Optional[Path]:
 
 def _find_cuda_include() -> Optional[Path]:
     """Where cuda_fp16.h and friends are: the CUDA toolkit, else the headers NVIDIA's wheels ship."""
+    from . import toolchain  # a cold start only: its facts come from torch's cpp_extension
+
     home = toolchain.facts().get("cuda_home")
     candidates = [Path(str(home)) / "include"] if home else []
     for entry in sys.path:
@@ -128,7 +128,7 @@ def _headers(text: str, base: Path, include_paths: Sequence[Path]) -> List[Tuple
     stack = [(text, base)]
     while stack:
         body, here = stack.pop()
-        for kind, name in _INCLUDE.findall(body):
+        for kind, name in sources.includes(body):
             if name in found:
                 continue
             dirs = ([here] if kind == '"' else []) + list(include_paths)
@@ -152,7 +152,7 @@ def shown(path: Path) -> str:
 def plan(name: str, text: str, display: str, base: Path, include_paths: Sequence[Path] = (),
          options: Sequence[str] = (), arch=None, name_expressions: Sequence[str] = ()) -> Program:
     """Read everything a compile depends on and key it. Writes nothing."""
-    dirs = [Path(p).expanduser().resolve() for p in include_paths] + [toolchain.INCLUDE]
+    dirs = [Path(p).expanduser().resolve() for p in include_paths] + [sources.INCLUDE]
     headers = tuple(_headers(text, base, dirs))
     arch = arch_for(arch)
     options = tuple(str(o) for o in options)
@@ -202,6 +202,9 @@ def _check(result, what: str) -> None:
 
 
 def _compile(program: Program) -> Compiled:
+    from ..diagnostics import parse_diagnostics  # these two only when compiling: a warm start needs neither
+    from .progress import Status
+
     nvrtc = _nvrtc()
     include = [f"--include-path={d}" for d in (cuda_include_dir(),) if d is not None]
     options = [f"--gpu-architecture=sm_{program.arch}", *DEFAULT_OPTIONS, *include, *program.options]

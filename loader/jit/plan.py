@@ -15,7 +15,7 @@ from ..errors import KernelkitError
 from . import build as _build
 from . import cache, toolchain
 from .cards import Card
-from .sources import sha256_bytes
+from .sources import INCLUDE, sha256_bytes
 
 Functions = Union[None, str, Sequence[str], Mapping[str, str]]
 
@@ -117,7 +117,7 @@ def plan_card(card: Card, arch, extra_cflags, extra_cuda_cflags, extra_ldflags,
     if with_cuda:
         toolchain.check_cuda_match(f"card {card.name}")
     archs = toolchain.arch_list(arch) if has_cu else []
-    include_dirs = [card.dir, toolchain.INCLUDE] + [Path(p).resolve() for p in extra_include_paths]
+    include_dirs = [card.dir, INCLUDE] + [Path(p).resolve() for p in extra_include_paths]
     units, texts = [], {}
     for src in sources:
         if not src.is_file():
@@ -155,7 +155,7 @@ def plan_inline(name: str, cuda: Optional[str], cpp: Optional[str], funcs: Dict[
                 cuflags, ldflags, include_paths) -> _build.Target:
     """kernelkit's own inline form: ``cuda`` is device code compiled alone (fast to rebuild when it keeps
     torch out), ``cpp`` the binding with ``KERNELKIT_LIBRARY`` or ``functions`` bound by pybind11."""
-    include_dirs = [toolchain.INCLUDE] + [Path(p).resolve() for p in include_paths]
+    include_dirs = [INCLUDE] + [Path(p).resolve() for p in include_paths]
     with_cuda = bool(cuda)
     if with_cuda:
         toolchain.check_cuda_match(name)

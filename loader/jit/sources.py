@@ -7,6 +7,11 @@ import re
 from pathlib import Path
 from typing import Dict, Iterable, List, Sequence, Set, Tuple
 
+# kernelkit's own sources: the public C++ include root (cards include <kernelkit/binding.h>, ...) and its C++
+# modules; here, not in toolchain, because a warm start needs the paths but none of the toolchain
+INCLUDE = Path(__file__).resolve().parent.parent / "include"
+CSRC = INCLUDE.parent / "csrc"
+
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"]+)[>"]', re.M)
 _TORCH_PREFIXES = ("torch/", "ATen/", "c10/", "pybind11/")
 
@@ -27,6 +32,11 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def includes(text: str) -> List[Tuple[str, str]]:
+    """Each ``#include`` of ``text`` as (``"<"`` or ``'"'``, the name as written)."""
+    return _INCLUDE.findall(text)
+
+
 def scan_includes(text: str, here: Path, include_dirs: Sequence[Path]) -> Tuple[List[Path], bool]:
     """Local headers ``text`` includes, transitively (resolved against its own directory, then the
     include dirs; system headers are not local and are left out), and whether any of it includes torch."""
@@ -36,7 +46,7 @@ def scan_includes(text: str, here: Path, include_dirs: Sequence[Path]) -> Tuple[
     visited: Set[Path] = set()
     while stack:
         body, base = stack.pop()
-        for kind, name in _INCLUDE.findall(body):
+        for kind, name in includes(body):
             if name.startswith(_TORCH_PREFIXES):
                 uses_torch = True
             dirs: Iterable[Path] = ([base] if kind == '"' else []) + list(include_dirs)

@@ -8,11 +8,8 @@ import json
 import logging
 import os
 import re
-import shlex
 import shutil
 import sys
-import sysconfig
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -22,10 +19,6 @@ from ..errors import KernelkitError
 from . import cache
 
 log = logging.getLogger("kernelkit")
-
-# the public C++ include root: cards include <kernelkit/binding.h>, <kernelkit/elementwise.cuh>, ...
-INCLUDE = Path(__file__).resolve().parent.parent / "include"
-CSRC = Path(__file__).resolve().parent.parent / "csrc"  # kernelkit's own C++ modules
 
 
 def _identity(path: str) -> str:
@@ -73,6 +66,8 @@ def is_gcc() -> bool:
 
 def launcher() -> List[str]:
     """Optional compiler launcher (ccache, sccache, a wrapper): prefixes every compile, not in the key."""
+    import shlex  # not needed by a warm start
+
     return shlex.split(os.environ.get("KERNELKIT_COMPILER_LAUNCHER", ""))
 
 
@@ -102,6 +97,7 @@ def _paths(fn, device_type: str) -> List[str]:
 
 
 def _compute_facts() -> Dict[str, object]:
+    import sysconfig  # here, not at the top: a warm start computes no facts
     import warnings
 
     ce = cpp_extension()
@@ -288,8 +284,9 @@ def parse_arch_list(spec: "str | Sequence[str]") -> List[str]:
 _warned_no_gpu = False
 
 
-def arch_list(explicit: "str | Sequence[str] | None" = None) -> List[str]:
-    """Argument > KERNELKIT_ARCH > TORCH_CUDA_ARCH_LIST > the current device > 9.0 (no GPU visible)."""
+def arch_list(explicit: "str | Sequence[str] | None" = None, no_gpu: Sequence[str] = ("9.0",)) -> List[str]:
+    """Argument > KERNELKIT_ARCH > TORCH_CUDA_ARCH_LIST > the current device > ``no_gpu`` (no GPU visible;
+    ``()`` builds nothing there)."""
     global _warned_no_gpu
     for source in (explicit, os.environ.get("KERNELKIT_ARCH"), os.environ.get("TORCH_CUDA_ARCH_LIST")):
         if source:
@@ -297,10 +294,14 @@ def arch_list(explicit: "str | Sequence[str] | None" = None) -> List[str]:
     if torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
         return [f"{major}.{minor}"]
+    if not no_gpu:
+        return []
+    archs = parse_arch_list(no_gpu)
     if not _warned_no_gpu:
-        log.info("no CUDA device visible: building CUDA code for sm_90 (set KERNELKIT_ARCH to choose)")
+        built = ", ".join("sm_" + a.replace(".", "").replace("+PTX", "") for a in archs)
+        log.info("no CUDA device visible: building CUDA code for %s (set KERNELKIT_ARCH to choose)", built)
         _warned_no_gpu = True
-    return ["9.0"]
+    return archs
 
 
 def gencode_flags(archs: Sequence[str]) -> List[str]:
