@@ -1,6 +1,9 @@
 """kernelkit.inspect: compile reports read from cubins built for sm_90 (registers, spills, shared memory,
 occupancy, the change against the previous build), the SASS view, the `kernelkit inspect` command, and
 (on a GPU) device printf/assert captured into the script's output."""
+import ctypes
+import functools
+import io
 import os
 import subprocess
 import sys
@@ -10,8 +13,8 @@ import pytest
 
 import kernelkit
 from kernelkit.errors import KernelkitError
+from kernelkit.inspect import device_output, reports, resources, tools
 from kernelkit.inspect import occupancy as occ
-from kernelkit.inspect import reports, resources, tools
 
 SIMPLE = textwrap.dedent("""\
     extern "C" __global__ void scale(const float* x, float* out, float a, int n) {
@@ -210,7 +213,7 @@ def test_device_printf_is_in_order_with_python_prints(tmp_path):
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     assert lines[0] == "before" and lines[-1] == "after"
-    assert sorted(lines[1:-1]) == ["from the device 0", "from the device 1"]
+    assert sorted(lines[1:-1]) == ["[hello[1, 2]] from the device 0", "[hello[1, 2]] from the device 1"]
 
 
 @pytest.mark.gpu
@@ -219,6 +222,49 @@ def test_device_assert_is_reported_with_the_kernel(tmp_path):
     error = [line for line in done.stdout.splitlines() if line.startswith("ERROR:")]
     assert error, done.stdout + done.stderr
     assert "assert failed" in error[0] and "check" in error[0] and "restart" in error[0]
+
+
+HELLO = 'extern "C" __global__ void hello(int n) { if (threadIdx.x < n) printf("from the device %d\\n", threadIdx.x); }'
+ASSERTING = 'extern "C" __global__ void check(int n) { assert(n > 0); }'
+
+
+@pytest.mark.gpu
+def test_only_kernels_that_print_launch_through_the_labelling_wrapper(tmp_path, monkeypatch):
+    import torch
+    from kernelkit.instant import launcher
+
+    monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "cache"))
+    quiet = kernelkit.load_kernels(SIMPLE, "quiet_entry")
+    loud = kernelkit.load_kernels(HELLO, "loud_entry")
+    raw = launcher.module().launch
+    assert quiet._build.prepare("scale")[0] is raw  # nothing added to a kernel that does not print
+    assert loud._build.prepare("hello")[0] is not raw
+    assert loud._build.prepare("hello")[0].__name__ == "launch_labelled"
+    x = torch.ones(4, device="cuda")
+    quiet.scale[1, 4](x, x, 2.0, 4)
+    loud.hello[1, 2](0)  # outside a capture: the plain launch
+    torch.cuda.synchronize()
+    assert x.tolist() == [2.0] * 4
+
+
+@pytest.mark.gpu
+def test_device_printf_is_labelled_before_the_next_python_print_in_a_notebook(tmp_path, monkeypatch):
+    """Live (sys.stdout is not fd 1, as in Jupyter): each launch's lines reach the stream before the next print."""
+    import torch
+
+    monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "cache"))
+    mod = kernelkit.load_kernels(HELLO, "hello_live")
+    mod.hello[1, 1](0)  # loads the launcher and the cubin outside the capture; prints nothing
+    torch.cuda.synchronize()
+    out = _streams(monkeypatch)
+    with kernelkit.inspect.capture():
+        mod.hello[1, 2](2)
+        print("between")
+        mod.hello[(1, 1), 1](1)
+        print("after")
+    lines = out.getvalue().splitlines()
+    assert sorted(lines[:2]) == ["[hello[1, 2]] from the device 0", "[hello[1, 2]] from the device 1"]
+    assert lines[2:] == ["between", "[hello[(1, 1), 1]] from the device 0", "after"]
 
 
 @pytest.mark.gpu
@@ -263,3 +309,157 @@ def test_capture_orders_c_output_with_python_prints(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["before", "from", "C", "inside", "after"]
     assert done.stderr.strip() == "to stderr"
+
+
+# ------------------------------------------------------------------------------- launch brackets (no GPU)
+BRACKET_SCRIPT = textwrap.dedent("""\
+    import ctypes, kernelkit
+    from kernelkit.inspect import device_output
+    libc = ctypes.CDLL(None)
+    print("before")
+    with kernelkit.inspect.capture():
+        libc.printf(b"outside\\n")
+        with device_output.launch_bracket("k[1, 2]"):
+            libc.printf(b"from k 0\\n")
+            libc.printf(b"from k 1\\n")
+        print("inside")
+        libc.printf(b"outside again\\n")
+    print("after")
+    """)
+
+
+def _streams(monkeypatch):
+    """sys.stdout and sys.stderr as a notebook has them: Python objects that are not fds 1 and 2."""
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    return out
+
+
+def test_bracketed_c_output_is_labelled_in_a_script(tmp_path):
+    """A script: Python's prints share the pipe with C's output; only the bracket's lines are labelled."""
+    done = _script(BRACKET_SCRIPT, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["before", "outside", "[k[1, 2]] from k 0", "[k[1, 2]] from k 1", "inside",
+                                        "outside again", "after"]
+    assert "\x1f" not in done.stdout + done.stderr
+
+
+def test_bracketed_c_output_reaches_a_notebook_before_the_next_print(monkeypatch):
+    libc = ctypes.CDLL(None)
+    out = _streams(monkeypatch)
+    with kernelkit.inspect.capture() as cap:
+        print("first")
+        with device_output.launch_bracket("k[1, 2]"):
+            libc.printf(b"from k\n")
+            libc.printf(b"no newline")
+        print("right after")  # written straight to the stream: the bracket must have waited for its lines
+    assert out.getvalue().splitlines() == ["first", "[k[1, 2]] from k", "[k[1, 2]] no newline", "right after"]
+    assert cap.text()[0] == "[k[1, 2]] from k\n[k[1, 2]] no newline\n"
+
+
+def test_a_bracket_outside_a_capture_does_nothing(capfd):
+    with device_output.launch_bracket("k[1, 1]"):
+        print("plain")
+    assert capfd.readouterr().out == "plain\n"
+
+
+@functools.lru_cache(maxsize=None)
+def _shouting_op():
+    import torch
+
+    libc = ctypes.CDLL(None)
+
+    @torch.library.custom_op("kktest::shout", mutates_args=())
+    def shout(x: torch.Tensor) -> torch.Tensor:
+        libc.printf(b"shouting %d\n", ctypes.c_int(x.numel()))
+        return x + 1
+
+    return shout
+
+
+def test_per_launch_labels_custom_ops_and_leaves_torch_ops_alone(monkeypatch):
+    import torch
+
+    shout = _shouting_op()
+    labels = []
+    begin = device_output.Capture.begin
+    monkeypatch.setattr(device_output.Capture, "begin",
+                        lambda self, label, stream=None: labels.append(label) or begin(self, label, stream))
+    out = _streams(monkeypatch)
+    with kernelkit.inspect.capture(per_launch=True):
+        torch.add(torch.ones(2), 1)
+        shout(torch.ones(3))
+        print("after")
+    assert labels == ["kktest::shout"]
+    assert out.getvalue().splitlines() == ["[kktest::shout] shouting 3", "after"]
+    with kernelkit.inspect.capture():  # per_launch off: the op's output is there, unlabelled
+        shout(torch.ones(2))
+    assert labels == ["kktest::shout"] and out.getvalue().splitlines()[-1] == "shouting 2"
+
+
+def _bracketed(markers, label, inner):
+    number = markers.open(label)
+    return markers.marker(number, end=False).decode() + inner + markers.marker(number, end=True).decode()
+
+
+def test_markers_cut_anywhere_by_pipe_reads_are_taken_out():
+    want = "a\x1fb\n[k[1, 2]] x\n[k[1, 2]] y\nafter\n"  # a \x1f of the program's own stays
+    size = len("a\x1fb\n" + _bracketed(device_output._Markers(), "k", "x\ny") + "after\n")
+    for cut in range(size + 1):
+        for cut2 in range(cut, size + 1):
+            markers = device_output._Markers()
+            text = "a\x1fb\n" + _bracketed(markers, "k[1, 2]", "x\ny") + "after\n"
+            out, err = device_output._Sink(markers), device_output._Sink(markers)
+            for chunk in (text[:cut], text[cut:cut2], text[cut2:]):
+                out.write(chunk)
+            err.write(text)
+            out.finish()
+            assert out.copy.getvalue() == want, (cut, cut2)
+            assert markers.labels == {}  # both fds saw the end: the label is dropped
+
+
+def test_an_unterminated_bracket_is_written_out_with_its_label():
+    markers = device_output._Markers()
+    stream = io.StringIO()
+    sink = device_output._Sink(markers, stream)
+    number = markers.open("k[1, 1]")
+    start = markers.marker(number, end=False).decode()
+    event = sink.expect(number)
+    for chunk in ("before\n" + start[:5], start[5:] + "dang", "ling"):
+        sink.write(chunk)
+    sink.finish()
+    assert stream.getvalue() == sink.copy.getvalue() == "before\n[k[1, 1]] dangling\n"
+    assert event.is_set()  # nobody waits past the close
+
+
+def test_wrapped_launch_is_labelled_with_the_kernel_and_its_configuration(monkeypatch):
+    """The instant-kernel wrapper, with a stand-in for the launcher's launch: plain outside a capture,
+    bracketed with ``expr[grid, block]`` inside one."""
+    from kernelkit.instant.kernels import _labelled_launch
+
+    libc = ctypes.CDLL(None)
+    calls = []
+
+    def launch(*args):
+        calls.append(args)
+        libc.printf(b"from the stand-in\n")
+        libc.fflush(None)
+
+    wrapped = _labelled_launch(launch, "axpy<float>")
+    arguments = ("handle", "axpy<float>", b"pf", (None, None), ("x", "a"), (4, 1), 256, 0, None, (1, 2.0))
+    wrapped(*arguments)
+    out = _streams(monkeypatch)
+    with kernelkit.inspect.capture():
+        wrapped(*arguments)
+    assert calls == [arguments, arguments]
+    assert out.getvalue() == "[axpy<float>[(4, 1), 256]] from the stand-in\n"
+
+
+@pytest.mark.cuda_build
+def test_only_cubins_that_call_printf_or_assert_count_as_printing(cache):
+    from kernelkit.instant.kernels import compile_kernels
+
+    assert compile_kernels(HELLO, "hello_prints", arch="9.0").prints()
+    assert compile_kernels(ASSERTING, "assert_prints", arch="9.0").prints()
+    assert not compile_kernels(SIMPLE, "simple_prints", arch="9.0").prints()

@@ -178,7 +178,7 @@ def _register_cell_hooks(ipython) -> None:
         state["builds"] = {n: getattr(b, "key", None) for n, b in _builds().items()}
         if os.environ.get("KERNELKIT_CAPTURE", "1") != "0":
             try:
-                state["capture"] = _capture.Capture().open()
+                state["capture"] = _capture.Capture(per_launch=os.environ.get("KERNELKIT_CAPTURE") == "launch").open()
             except (ImportError, OSError) as e:  # no wurlitzer, or no fds to redirect: run the cell uncaptured
                 print(f"kernelkit: not capturing device output in this cell: {e}", file=sys.stderr)
 

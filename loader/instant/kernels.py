@@ -43,6 +43,7 @@ class _Build:
         self.ready: Dict[str, tuple] = {}  # name expression -> the launcher's leading arguments
         self._library = None
         self._handles: Optional[Dict[str, tuple]] = None
+        self._prints: Optional[bool] = None
 
     def prepare(self, expr: str) -> tuple:
         """Load the cubin (once) and return ``expr``'s launch entry."""
@@ -57,10 +58,19 @@ class _Build:
         mod = self._load()
         handle = mod.get_kernel(self._library, self.symbols[expr])
         self._check_sizes(sig, mod.param_info(handle, torch.cuda.current_device()))
-        entry = (mod.launch, handle, sig.kernel, "".join(p.code for p in sig.params).encode(),
+        launch = _labelled_launch(mod.launch, expr) if self.prints() else mod.launch
+        entry = (launch, handle, sig.kernel, "".join(p.code for p in sig.params).encode(),
                  tuple(p.dtype for p in sig.params), tuple(p.name for p in sig.params))
         self.ready[expr] = entry
         return entry
+
+    def prints(self) -> bool:
+        """Whether the cubin calls device printf or assert (read once per build): only such kernels' launches
+        are worth labelling."""
+        if self._prints is None:
+            data = self.compiled.cubin.read_bytes()
+            self._prints = b"vprintf" in data or b"__assertfail" in data
+        return self._prints
 
     def handles(self) -> Dict[str, Tuple[int, List[Tuple[int, str]]]]:
         """Every kernel's CUkernel handle (one serves every device) and its parameters as (size in bytes,
@@ -99,6 +109,20 @@ class _Build:
             raise KernelkitError(f"{sig}: kernelkit read {len(want)} parameter(s) of sizes {want} from the source, "
                                  f"but the compiled kernel has {len(got)} of sizes {got} (a macro or typedef in the "
                                  "signature?); declare the parameters with plain C types")
+
+
+def _labelled_launch(launch, expr: str):
+    """The launcher's ``launch`` for a kernel that prints: inside a capture, each launch runs in a bracket that
+    labels its output ``[expr[grid, block]]`` (and synchronises its stream); outside one, the plain launch."""
+    from ..inspect import device_output  # only for kernels that print: a warm start imports nothing more
+
+    def launch_labelled(handle, kernel, codes, dtypes, names, grid, block, shared_mem, stream, args):
+        if not device_output.capturing():
+            return launch(handle, kernel, codes, dtypes, names, grid, block, shared_mem, stream, args)
+        with device_output.launch_bracket(f"{expr}[{grid}, {block}]", stream):
+            return launch(handle, kernel, codes, dtypes, names, grid, block, shared_mem, stream, args)
+
+    return launch_labelled
 
 
 def _parameters(sig: Signature, info) -> List[Tuple[int, str]]:
