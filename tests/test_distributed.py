@@ -118,6 +118,18 @@ def _card(rank, group):
             "out": lib.kk_add_ok(torch.arange(5.0), torch.ones(5)).tolist()}
 
 
+def _card_kernels(rank, group):
+    import shutil
+
+    from kernelkit.instant import card_kernels
+    from kernelkit.jit import cards
+
+    shutil.copytree(HERE.parent / "fixtures" / "cards_nvrtc", "nvrtc_cards", ignore=shutil.ignore_patterns("__pycache__"))
+    found = card_kernels.obtain(cards.find("kk_scale_nvrtc", "nvrtc_cards"), arch="9.0", group=group)
+    return {"cubin_sha256": [hashlib.sha256(m.cubin.read_bytes()).hexdigest() for m in found.modules],
+            "cached": [m.cached for m in found.modules]}
+
+
 def _verify(rank, group):
     from kernelkit.jit import cache
 
@@ -127,7 +139,8 @@ def _verify(rank, group):
 SCENARIOS = {"ok": _ok, "again": _ok, "partial": _partial, "shared": _shared, "node": _node,
              "bad": lambda r, g: {"so": _lib("bad", "bad/f.cpp", g)},
              "diff": lambda r, g: {"so": _lib("diff", "diff/f.cpp", g)},
-             "missing": _missing, "kernels": _kernels, "card": _card, "verify": _verify}
+             "missing": _missing, "kernels": _kernels, "card": _card,
+             "card_kernels": _card_kernels, "verify": _verify}
 
 
 def worker(root: Path, rank: int, world: int, job: str) -> None:
@@ -265,6 +278,15 @@ def test_instant_kernels_compile_once_and_arrive_in_each_cache(job):
     assert [r["cached"] for r in res] == [False, True, True, True]
     assert [r["received"] for r in res] == [0, 1, 1, 1]
     assert len({r["cubin_sha256"] for r in res}) == 1 and all(r["in_own_cache"] for r in res)
+
+
+def test_a_cards_nvrtc_kernels_compile_once_per_job(job):
+    pytest.importorskip("cuda.bindings.nvrtc", reason="NVRTC cards need cuda-bindings (torch's CUDA 13 wheels bring it)")
+    res = _all(job, "card_kernels")
+    assert [r.get("error") for r in res] == [None] * WORLD, res
+    assert [r["cached"] for r in res] == [[False], [True], [True], [True]]  # the card's one kernel file, for sm_90
+    assert [r["received"] for r in res] == [0, 1, 1, 1]
+    assert len({tuple(r["cubin_sha256"]) for r in res}) == 1
 
 
 def test_received_entries_pass_the_cache_verification(job):

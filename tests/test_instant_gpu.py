@@ -290,3 +290,78 @@ def test_a_card_with_nvrtc_kernels_in_a_cuda_graph(nvrtc_card):
         graph.replay()
         torch.cuda.synchronize()
         torch.testing.assert_close(out, 3.0 * x, rtol=0, atol=0)
+
+
+# A card whose C++ binding launches an NVRTC kernel with more dynamic shared memory than the 48 KB default;
+# the same kernel as reverse_block above, so the reference is a flip.
+SMEM_CARD = {
+    "kk_smem_nvrtc.cu": """\
+        extern "C" __global__ void reverse_block(const float* x, float* out, int n) {
+          extern __shared__ float tile[];
+          for (int j = threadIdx.x; j < n; j += blockDim.x) tile[j] = x[j];
+          __syncthreads();
+          for (int j = threadIdx.x; j < n; j += blockDim.x) out[j] = tile[n - 1 - j];
+        }
+        """,
+    "kk_smem_nvrtc.h": """\
+        #pragma once
+        #ifdef KERNELKIT_BINDING
+        #include <kernelkit/kernels.h>
+        #include <kernelkit/torch_glue.h>
+
+        inline at::Tensor kk_smem_nvrtc(const at::Tensor& x) {
+          TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kFloat && x.dim() == 1,
+                      "kk_smem_nvrtc: x must be a 1-d CUDA float32 tensor");
+          const at::Tensor xc = x.contiguous();
+          at::Tensor out = at::empty_like(xc);
+          const int n = static_cast<int>(xc.numel());
+          c10::cuda::CUDAGuard guard(xc.device());
+          kk::kernel("reverse_block").launch(1, 1024, size_t(n) * sizeof(float), at::cuda::getCurrentCUDAStream(),
+                                             xc.const_data_ptr<float>(), out.mutable_data_ptr<float>(), n);
+          return out;
+        }
+
+        KERNELKIT_LIBRARY(m) {
+          m.def("kk_smem_nvrtc(Tensor x) -> Tensor");
+          m.impl("kk_smem_nvrtc", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(kk_smem_nvrtc)));
+        }
+        #endif
+        """,
+    "kk_smem_nvrtc.py": """\
+        import torch
+        import kernelkit
+
+        SPEC = kernelkit.Spec(name="kk_smem_nvrtc", reference=lambda x: x.flip(0),
+                              make_inputs=lambda shape, dtype=torch.float32, device="cpu", generator=None:
+                                  (kernelkit.randn(shape, dtype, device, generator),),
+                              dtypes=(torch.float32,), shapes=((40_000,),), nvrtc_sources=["kk_smem_nvrtc.cu"])
+        """,
+}
+
+
+@pytest.fixture(scope="module")
+def smem_card(tmp_path_factory):
+    d = tmp_path_factory.mktemp("smem_cards")
+    for name, text in SMEM_CARD.items():
+        (d / name).write_text(textwrap.dedent(text))
+    return kernelkit.load("kk_smem_nvrtc", kernels_dir=d)
+
+
+def test_a_card_launches_an_nvrtc_kernel_with_more_than_48_kb_of_shared_memory(smem_card):
+    x = torch.randn(40_000, device="cuda")  # 160 KB of dynamic shared memory
+    torch.testing.assert_close(smem_card.kk_smem_nvrtc(x), x.flip(0), rtol=0, atol=0)
+    too_big = torch.randn(1 << 18, device="cuda")  # 1 MB: more than any GPU gives one block
+    with pytest.raises(RuntimeError, match=r"reverse_block.*shared_mem=1048576 bytes is more than this GPU allows"):
+        smem_card.kk_smem_nvrtc(too_big)
+    torch.testing.assert_close(smem_card.kk_smem_nvrtc(x), x.flip(0), rtol=0, atol=0)  # the failure broke nothing
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_card_and_instant_kernels_run_on_a_gpu_that_is_not_the_current_one(smem_card, mod):
+    torch.cuda.set_device(0)
+    x = torch.randn(40_000, device="cuda:1")
+    torch.testing.assert_close(smem_card.kk_smem_nvrtc(x), x.flip(0), rtol=0, atol=0)
+    out = torch.empty_like(x)
+    mod.scale[blocks(x.numel()), 256](x, out, 2.0, x.numel())
+    torch.testing.assert_close(out, 2.0 * x, rtol=0, atol=0)
+    assert torch.cuda.current_device() == 0
