@@ -129,7 +129,7 @@ def _card_function(card: str, name: str) -> Optional[Callable]:
 
 
 def __dir__():
-    loaded = [op for card in list(registry.LATEST) for op in _FAST.get(card, ())]
+    loaded = [op for card in registry.current() for op in _FAST.get(card, ())]
     return sorted(set(globals()) | set(loaded))
 
 

@@ -164,7 +164,7 @@ _CELL_HOOKS: Dict[int, tuple] = {}  # id(shell) -> its (pre, post) hooks, so a s
 
 def _builds() -> Dict[str, object]:
     """name -> the current build of every card, inline library and instant-kernels module in this process."""
-    return {**registry.LATEST, **{m.name: m for m in loaded_modules()}}
+    return {**registry.current(), **{m.name: m for m in loaded_modules()}}
 
 
 def _register_cell_hooks(ipython) -> None:

@@ -30,7 +30,6 @@ log = logging.getLogger("kernelkit")
 
 _LOCK = threading.RLock()
 # the loaded builds and each name's current one live in jit.registry (kernelkit.ops reads them there)
-_LATEST = registry.LATEST
 _EXTENSIONS: Dict[str, tuple] = {}  # torch-style build key -> (what load returned, the built file)
 
 
@@ -408,7 +407,7 @@ def refresh() -> List[str]:
     whose ``nvrtc_sources`` alone changed keeps its build, which gets the recompiled kernels). A card whose
     files are gone keeps its loaded build and is skipped with a one-line warning, once."""
     changed = []
-    for name, lib in list(_LATEST.items()):
+    for name, lib in registry.current().items():
         if lib.card is None:
             continue
         gone = lib.card.missing_file()

@@ -51,6 +51,12 @@ def latest(name: str) -> Optional[Library]:
     return LATEST.get(name)
 
 
+def current() -> Dict[str, Library]:
+    """A snapshot of each name's current build: readers iterate it while loaders in other threads add builds."""
+    with _LOCK:
+        return dict(LATEST)
+
+
 def bind(lib: Library) -> Dict[str, object]:
     """Point card ``lib.name``'s ops at ``lib``: every op with a default overload it defines. Returns the
     eager callables by op name."""
