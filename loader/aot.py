@@ -23,8 +23,7 @@ from .jit import build as _build
 from .jit import fastcall, toolchain
 from .jit.cards import all_cards, find
 from .jit.plan import plan_card
-from .jit.prebuilt import (FORMAT, MANIFEST, key_ldflags, portable_fingerprint, source_key, split_flags,
-                           target_archs)
+from .jit.prebuilt import FORMAT, MANIFEST, key_ldflags, portable_fingerprint, source_key, split_flags, target_archs
 from .jit.progress import say
 from .jit.sources import sha256_file
 

@@ -1,5 +1,7 @@
 """Fault storm (issue 23): a build SIGKILLed at 20 points, sources edited at random moments during builds,
-and 16 processes mixing loads, edits, gc, clear (and SIGKILLs) for KERNELKIT_STORM_SECONDS (default 60).
+and 16 processes mixing loads, edits, gc, clear (and SIGKILLs) for KERNELKIT_STORM_SECONDS (default 60);
+and (issue 37) 6 processes editing headers reached through every include flag spelling and a linked
+archive while they load (at most 15 s).
 Each ends with every cache entry verified, no process hung, and every load returning the code its sources
 say; the counts are printed at the end of the module (pytest -s shows them).
 
@@ -14,18 +16,19 @@ import multiprocessing
 import os
 import queue
 import random
+import re
 import shutil
 import signal
+import subprocess
 import time
 import traceback
 from pathlib import Path
 
 import pytest
+from test_faults import TU, _running_in_group, _value, cache_root, call_f, card, launcher, make_target  # noqa: F401
 
 from kernelkit.errors import SourcesChanged
 from kernelkit.jit import build, cache
-from test_faults import (TU, _running_in_group, _value, cache_root, call_f, card, launcher,  # noqa: F401
-                         make_target)
 
 STORM_SECONDS = float(os.environ.get("KERNELKIT_STORM_SECONDS", "60"))
 STORM_PROCS = 16
@@ -542,3 +545,141 @@ def test_storm_of_16_processes(cache_root, tmp_path, tally):
     tally.update(kills=total["kills"], edits=total["edits"], gcs=total["gcs"], clears=total["clears"],
                  loads=total["loads"] + len(finals), refused=total["refused"], vanished=total["vanished"],
                  wrong=total["wrong"] + wrong, hung=len(hung), verified=len(status))
+
+
+# ------------------------------------------------ headers through every include flag, and a linked archive
+# input -> (file in the card dir, the flags that reach it, how f.cpp includes it); each input is one decimal
+# digit of f(), so a build that missed any edit returns a number its planned files do not say
+FLAG_INPUTS = {
+    "a": ("inc_a/a.h", ["-I", "{d}/inc_a"], "#include <a.h>"),
+    "b": ("inc_b/b.h", ["-I{d}/inc_b"], "#include <b.h>"),
+    "c": ("sys_c/c.h", ["-isystem", "{d}/sys_c"], "#include <c.h>"),
+    "s": ("sys_s/s.h", ["-isystem{d}/sys_s"], "#include <s.h>"),
+    "e": ("after/e.h", ["-idirafter", "{d}/after"], "#include <e.h>"),
+    "q": ("quote/q.h", ["-iquote", "{d}/quote"], '#include "q.h"'),
+    "i": ("forced/i.h", ["-include", "{d}/forced/i.h"], ""),
+    "m": ("forced/m.h", ["-imacros", "{d}/forced/m.h"], ""),
+}
+ARCHIVE = "lib/libz.a"  # linked by its path in the link flags; z() is the top digit
+DIGIT_POOL = range(1, 4)
+FLAG_STORM_PROCS = 6
+FLAG_STORM_SECONDS = min(STORM_SECONDS, 15.0)
+
+
+def _flag_card(root: Path) -> Path:
+    """The card, and one archive per digit of the pool under variants/ (an edit copies one in)."""
+    d = root / "flagcard"
+    (d / "variants").mkdir(parents=True)
+    for v in DIGIT_POOL:
+        c = d / "variants" / f"z{v}.c"
+        c.write_text(f"int z(void) {{ return {v}; }}\n")
+        subprocess.run(["cc", "-fPIC", "-c", str(c), "-o", str(c.with_suffix(".o"))], check=True)
+        subprocess.run(["ar", "rcs", str(d / "variants" / f"libz{v}.a"), str(c.with_suffix(".o"))], check=True)
+    digits = " + ".join(f"X_{k.upper()} * {10 ** i}" for i, k in enumerate(FLAG_INPUTS))
+    body = [inc for _, _, inc in FLAG_INPUTS.values() if inc]
+    body += ['extern "C" int z(void);',
+             f'extern "C" __attribute__((visibility("default"))) int f() {{ return {digits} + z() * {10 ** len(FLAG_INPUTS)}; }}']
+    (d / "f.cpp").write_text("\n".join(body) + "\n")
+    for k in FLAG_INPUTS:
+        _flag_edit_file(d, k, 1, in_place=False)
+    _flag_edit_file(d, "z", 1, in_place=False)
+    return d
+
+
+def _flag_edit_file(d: Path, what: str, value: int, in_place: bool) -> None:
+    path = d / (ARCHIVE if what == "z" else FLAG_INPUTS[what][0])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = (d / "variants" / f"libz{value}.a").read_bytes() if what == "z" else f"#define X_{what.upper()} {value}\n".encode()
+    if in_place:  # truncate, then write: a compiler or the linker may read it half written
+        path.write_bytes(data)
+    else:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+
+
+def _flag_planned(d: Path):
+    """(target, the value its files say), planned under the card's lock."""
+    with _card_lock(d, fcntl.LOCK_SH):
+        expected = sum(int(re.search(rb" (\d+)\n", (d / rel).read_bytes()).group(1)) * 10 ** i
+                       for i, (rel, _, _) in enumerate(FLAG_INPUTS.values()))
+        archive = (d / ARCHIVE).read_bytes()
+        z = next(v for v in DIGIT_POOL if (d / "variants" / f"libz{v}.a").read_bytes() == archive)
+        flags = [f.format(d=d) for _, spelled, _ in FLAG_INPUTS.values() for f in spelled]
+        src = d / "f.cpp"
+        unit = build.plan_unit("cpp", src, src.read_text(), [d], flags, [], src.name)
+        ldflags = ["-shared", str(d / ARCHIVE)]
+        target = build.Target(name="flags", units=[unit], ldflags=ldflags, key=build.target_key("flags", [unit], ldflags),
+                              with_cuda=False, pymodule=None, display={str(src): src.name}, texts={})
+        return target, expected + z * 10 ** len(FLAG_INPUTS)
+
+
+def _flag_worker(env: dict, d: str, seconds: float, seed: int) -> dict:
+    """In a child: load the card, or edit one of its inputs (half of the edits in place), until the time is up.
+    Returns the counts and, for each library key it loaded, the value its files said."""
+    _enter(env)
+    d, rng, end = Path(d), random.Random(seed), time.time() + seconds
+    counts, said = collections.Counter(), {}
+    while time.time() < end:
+        if rng.random() < 0.35:
+            what = rng.choice([*FLAG_INPUTS, "z"])
+            with _card_lock(d, fcntl.LOCK_EX):
+                _flag_edit_file(d, what, rng.choice(DIGIT_POOL), in_place=rng.random() < 0.5)
+            counts["edits"] += 1
+            continue
+        target, expected = _flag_planned(d)
+        try:
+            so, cached, _ = build.build(target)
+        except SourcesChanged:
+            counts["refused"] += 1
+            continue
+        got = call_f(so)
+        counts["loads"] += 1
+        counts["cached"] += cached
+        counts["wrong"] += got != expected
+        said.setdefault(target.key, set()).add(expected)
+    return {"counts": dict(counts), "said": {k: sorted(v) for k, v in said.items()}}
+
+
+def _flag_final(env: dict, d: str) -> tuple:
+    """In a fresh process: (f() of a load now, what the files say)."""
+    _enter(env)
+    target, expected = _flag_planned(Path(d))
+    so, _, _ = build.build(target)
+    return call_f(so), expected
+
+
+def test_storm_of_edits_through_every_include_flag_and_a_linked_archive(cache_root, tmp_path, tally):
+    """Headers reached through -I dir, -Idir, -isystem dir, -isystemdir, -idirafter, -iquote, -include and
+    -imacros, and an archive named in the link flags, edited by 6 processes that also load the card, during
+    builds and between them: 0 wrong results, and one value per library key."""
+    d = _flag_card(tmp_path)
+    env = _env(KERNELKIT_COMPILER_LAUNCHER=launcher(tmp_path, "sleep 0.02"))  # a wider compile to land in
+    ctx = _ctx()
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_returning, args=(_flag_worker, (env, str(d), FLAG_STORM_SECONDS, seed), results))
+             for seed in range(FLAG_STORM_PROCS)]
+    for p in procs:
+        p.start()
+    reports = []
+    for _ in procs:
+        ok, report = results.get(timeout=FLAG_STORM_SECONDS + 180)
+        assert ok, report
+        reports.append(report)
+    for p in procs:
+        p.join(30)
+    total, said = collections.Counter(), {}
+    for r in reports:
+        total.update(r["counts"])
+        for key, values in r["said"].items():
+            said.setdefault(key, set()).update(values)
+    print(f"flag storm: {FLAG_STORM_PROCS} processes over {FLAG_STORM_SECONDS:.0f} s, {dict(total)}")
+    assert total["wrong"] == 0, total
+    assert all(len(v) == 1 for v in said.values()), {k: v for k, v in said.items() if len(v) > 1}  # a key, a value
+    assert total["loads"] >= 10 and total["edits"] >= 10, total
+    got, expected = _in_child(_flag_final, _env(), str(d))
+    assert got == expected  # what the files on disk say now
+    debris = _verify_fix_clean()
+    assert debris["corrupt"] == 0
+    tally.update(edits=total["edits"], loads=total["loads"] + 1, refused=total.get("refused", 0),
+                 wrong=total["wrong"], verified=debris["verified"])

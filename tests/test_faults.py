@@ -21,10 +21,10 @@ from pathlib import Path
 import filelock
 import pytest
 
-from kernelkit.jit import build, cache, plan, prebuilt, reaper, sources, toolchain
-from kernelkit.frontends import cli
 from kernelkit.diagnostics import Diagnostic
 from kernelkit.errors import BuildError, CacheSecurityError, CacheUnwritable, KernelkitError, SourcesChanged
+from kernelkit.frontends import cli
+from kernelkit.jit import build, cache, plan, prebuilt, reaper, sources, toolchain
 from kernelkit.jit.sources import sha256_file
 
 TU = '#include "v.h"\nextern "C" __attribute__((visibility("default"))) int f() {{ return V * 100 + {w}; }}\n'
@@ -785,3 +785,63 @@ def test_a_compile_that_fails_on_a_half_written_header_is_sources_changed(cache_
     monkeypatch.setenv("KERNELKIT_COMPILER_LAUNCHER", launcher(tmp_path, f"printf '' > {card / 'v.h'}"))
     with pytest.raises(SourcesChanged, match="changed while it was being compiled"):
         build.build(target)
+
+
+# ------------------------------------------------------- inputs reached through flags (issue 37)
+@pytest.mark.parametrize("spelling", [["-I", "{d}"], ["-I{d}"], ["-isystem", "{d}"], ["-iquote", "{d}"]], ids=" ".join)
+def test_header_through_an_include_flag_edited_during_compile_is_not_cached(cache_root, tmp_path, monkeypatch,
+                                                                            spelling):
+    d, src = tmp_path / "inc", tmp_path / "src" / "f.cpp"
+    d.mkdir()
+    src.parent.mkdir()
+    (d / "w.h").write_text("#define W 1\n")
+    src.write_text('#include "w.h"\nextern "C" __attribute__((visibility("default"))) int f() { return W; }\n')
+    flags = [f.format(d=d) for f in spelling]
+    unit = build.plan_unit("cpp", src, src.read_text(), [src.parent], flags, [], src.name)
+    assert d / "w.h" in unit.deps
+    target = build.Target(name="f", units=[unit], ldflags=["-shared"], key=build.target_key("f", [unit], ["-shared"]),
+                          with_cuda=False, pymodule=None, display={str(src): src.name}, texts={})
+    monkeypatch.setenv("KERNELKIT_COMPILER_LAUNCHER", launcher(tmp_path, f"sed -i 's/W 1/W 2/' {d / 'w.h'}"))
+    with pytest.raises(SourcesChanged, match="w.h changed while it was being compiled"):
+        build.build(target)
+    assert cache.cached_object(unit.key) is None and cache.verified_library("f", target.key) is None
+
+
+def _archive(path: Path, value: int) -> None:
+    c = path.with_suffix(".c")
+    c.write_text(f"int g(void) {{ return {value}; }}\n")
+    subprocess.run(["cc", "-fPIC", "-c", str(c), "-o", str(c.with_suffix(".o"))], check=True)
+    path.unlink(missing_ok=True)
+    subprocess.run(["ar", "rcs", str(path), str(c.with_suffix(".o"))], check=True)
+
+
+@pytest.mark.parametrize("when", ["after planning", "during the link"])
+def test_archive_edited_after_planning_or_during_the_link_is_not_cached(cache_root, tmp_path, monkeypatch, when):
+    src, archive = tmp_path / "f.cpp", tmp_path / "libg.a"
+    src.write_text('extern "C" int g(void);\nextern "C" __attribute__((visibility("default"))) int f() { return g(); }\n')
+    _archive(archive, 1)
+    unit = build.plan_unit("cpp", src, src.read_text(), [tmp_path], [], [], src.name)
+    ldflags = ["-shared", str(archive)]
+    target = build.Target(name="f", units=[unit], ldflags=ldflags, key=build.target_key("f", [unit], ldflags),
+                          with_cuda=False, pymodule=None, display={str(src): src.name}, texts={})
+    if when == "after planning":
+        _archive(archive, 2)
+    else:
+        real_run = build._run
+
+        def run(cmd, what, *args):  # the edit lands while the linker runs
+            out = real_run(cmd, what, *args)
+            if what.startswith("linking"):
+                _archive(archive, 2)
+            return out
+
+        monkeypatch.setattr(build, "_run", run)
+    with pytest.raises(SourcesChanged, match=f"libg.a\\) changed {'after planning' if when == 'after planning' else 'while'}"):
+        build.build(target)
+    assert cache.verified_library("f", target.key) is None
+    monkeypatch.undo()
+    unit = build.plan_unit("cpp", src, src.read_text(), [tmp_path], [], [], src.name)
+    fresh = build.Target(name="f", units=[unit], ldflags=ldflags, key=build.target_key("f", [unit], ldflags),
+                         with_cuda=False, pymodule=None, display={str(src): src.name}, texts={})
+    so, cached, _ = build.build(fresh)
+    assert fresh.key != target.key and not cached and call_f(so) == 2

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 import kernelkit
-from kernelkit.jit import cache, toolchain
-from kernelkit.frontends import cli
 from kernelkit.diagnostics import parse_diagnostics
 from kernelkit.errors import BuildError
+from kernelkit.frontends import cli
+from kernelkit.jit import cache, toolchain
 from kernelkit.jit.sources import digest_tree, scan_includes
 
 
@@ -117,6 +117,20 @@ def test_scan_includes_transitive_and_torch(tmp_path):
     assert digest_tree(b"x", deps) != before  # a header two levels down changes the key
 
 
+def test_scan_includes_quote_dirs_and_forced_includes(tmp_path):
+    """-iquote dirs serve "..." includes only; a forced include is hashed with what it includes."""
+    for d in ("q", "f"):
+        (tmp_path / d).mkdir()
+    (tmp_path / "q" / "q.h").write_text("// q\n")
+    (tmp_path / "f" / "forced.h").write_text('#include "inner.h"\n')
+    (tmp_path / "f" / "inner.h").write_text("// inner\n")
+    deps, _ = scan_includes('#include "q.h"\n#include <q.h>\n', tmp_path, [], quote_dirs=[tmp_path / "q"],
+                            forced=[tmp_path / "f" / "forced.h"])
+    assert sorted(p.name for p in deps) == ["forced.h", "inner.h", "q.h"]
+    deps, _ = scan_includes("#include <q.h>\n", tmp_path, [], quote_dirs=[tmp_path / "q"])
+    assert deps == []
+
+
 def test_gc_removes_old_entries_and_stale_tmp(tmp_path, monkeypatch):
     monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "c"))
     entry = cache.subdir("lib") / "old-0123456789abcdef"
@@ -156,15 +170,15 @@ def test_cli_cache_commands(tmp_path, monkeypatch, capsys):
 
 def test_cache_dir_env_override(tmp_path, monkeypatch):
     monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "mine"))
-    assert kernelkit.cache_dir() == tmp_path / "mine" / "v1"
-    assert oct(os.stat(kernelkit.cache_dir()).st_mode & 0o777) == "0o700"
+    assert cache.cache_dir() == tmp_path / "mine" / "v1"
+    assert oct(os.stat(cache.cache_dir()).st_mode & 0o777) == "0o700"
 
 
 def test_uncreatable_cache_dir_names_the_fix(tmp_path, monkeypatch):
     (tmp_path / "afile").write_text("")
     monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "afile" / "cache"))
     with pytest.raises(kernelkit.CacheUnwritable, match=r"afile/cache/v1: Not a directory.*KERNELKIT_CACHE_DIR"):
-        kernelkit.cache_dir()
+        cache.cache_dir()
 
 
 def test_world_writable_cache_root_refused(tmp_path, monkeypatch):
@@ -173,7 +187,7 @@ def test_world_writable_cache_root_refused(tmp_path, monkeypatch):
     os.chmod(root, 0o777)
     monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "shared"))
     with pytest.raises(kernelkit.CacheSecurityError, match="writable by group or others"):
-        kernelkit.cache_dir()
+        cache.cache_dir()
 
 
 def test_lock_times_out_with_clear_message(tmp_path, monkeypatch):

@@ -2,13 +2,17 @@
 
 Layout under ``cache_dir()`` (mode 0700, as is the directory it lives in)::
 
-    obj/<key>.o, obj/<key>.json   compiled translation units, shared by every library that uses them
+    obj/<key>.o, obj/<key>.json   compiled translation units, shared by every library that uses them (the
+                                  json records the key and the sha256: a copy over another key's is corrupt)
     lib/<name>-<key16>/           one linked library: the .so and manifest.json (sha256 of the .so)
     pch/<key>/                    a precompiled <kernelkit/binding.h>, its pch.json (sha256) and the
                                   ``building`` claim its detached builder holds
     locks/<id>.lock               filelock locks (flock: released by the kernel if the holder dies)
     src/<key>/                    sources written for load_inline
     tmp/                          private build dirs; renamed into place only when complete
+
+Keys are derived in ``keys`` (what invalidates what). Only regular files are read: a FIFO or device in
+place of an entry is reported corrupt without being opened for reading (it would block forever).
 
 Whoever removes an entry holds that entry's lock (``library_lock`` / the object's key / the PCH claim), so
 gc, clear and corruption handling never remove what another process is building or has just published.
@@ -31,7 +35,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
 
 from ..errors import CacheSecurityError, CacheUnwritable, LockTimeout
-from .sources import sha256_file
+from .sources import sha256_bytes, sha256_file
 
 log = logging.getLogger("kernelkit")
 T = TypeVar("T")
@@ -259,13 +263,38 @@ def publish_file(tmp: Path, final: Path) -> None:
     os.replace(tmp, final)  # atomic on one filesystem: readers see all of it or none
 
 
+def _read_regular(path: Path) -> bytes:
+    """The bytes of a regular file; OSError for anything else (a link, a FIFO, a device), without blocking
+    on it: a FIFO in place of a cache file must not hang a load or ``cache verify``."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return f.read()
+
+
 def _read_json(path: Path) -> Optional[dict]:
-    """A JSON object from ``path``; None if it is missing, unreadable, not JSON or not an object."""
+    """A JSON object from ``path``; None if it is missing, unreadable, not a regular file, not JSON or not
+    an object."""
     try:
-        value = json.loads(path.read_text())
+        value = json.loads(_read_regular(path))
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def _hash_problem(path: Path, recorded: object) -> Optional[str]:
+    """Why ``path`` does not match the sha256 recorded for it (None if it does). Raises FileNotFoundError
+    when it was removed meanwhile (by another process's gc or clear: gone, not corrupt)."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return f"{path.name} is not a regular file"
+        actual = sha256_file(path)
+    except FileNotFoundError:
+        raise
+    except OSError as e:  # replaced by a FIFO or a device just now, or unreadable
+        return f"{path.name} cannot be read ({e.strerror or e})"
+    return None if actual == recorded else f"{path.name} does not match its recorded sha256"
 
 
 def _plain_name(value: object) -> bool:
@@ -300,6 +329,31 @@ def _intact(path: Path, inspect: Callable[[], Tuple[Optional[str], T]], what: st
     return None
 
 
+def _holds(path: Path, data: bytes) -> bool:
+    try:
+        return path.is_file() and path.read_bytes() == data
+    except OSError:
+        return False
+
+
+def write_source(text: str, filename: str) -> Path:
+    """Generated or inline sources live in the cache under their content hash, written again when the
+    file there is not that text (truncated by a full disk, or tampered with)."""
+    d = subdir("src") / sha256_bytes(text.encode(), filename.encode())[:24]
+    path = d / filename
+    data = text.encode()
+    if not _holds(path, data):
+        with writing(d):
+            d.mkdir(exist_ok=True, mode=0o700)
+            tmp = d / f".{filename}.{os.getpid()}.tmp"
+            try:
+                tmp.write_bytes(data)
+                os.replace(tmp, path)
+            finally:
+                tmp.unlink(missing_ok=True)
+    return path
+
+
 def is_generated_source(path: Path) -> bool:
     """Whether ``path`` is a source kernelkit wrote into ``src/`` (for load_inline and card bindings)."""
     return path.parent.parent == subdir("src")
@@ -331,12 +385,14 @@ def _object_problem(key: str) -> Optional[str]:
     if not obj.is_file() or obj.is_symlink():
         return "not a regular file" if os.path.lexists(obj) else "missing"
     check_safe(obj)
-    recorded = (_read_json(obj.with_suffix(".json")) or {}).get("sha256")
+    meta = _read_json(obj.with_suffix(".json")) or {}
+    recorded = meta.get("sha256")
     if not isinstance(recorded, str):
         return "its metadata is missing, unreadable or records no sha256"
-    if recorded != sha256_file(obj):
-        return "it does not match its recorded sha256"
-    return None
+    if meta.get("key") != key:  # an object and its metadata copied or renamed over another key's
+        return ("its metadata records another key" if "key" in meta else
+                "its metadata records no key (written before keys were recorded: no current key uses it)")
+    return _hash_problem(obj, recorded)
 
 
 def cached_object(key: str, held: bool = False) -> Optional[Path]:
@@ -370,7 +426,7 @@ def store_object(key: str, built: Path, info: dict) -> Path:
     final = object_path(key)
     meta_tmp = built.with_suffix(".json")
     with writing(meta_tmp):
-        meta_tmp.write_text(json.dumps({**info, "sha256": sha256_file(built), "created": time.time()}))
+        meta_tmp.write_text(json.dumps({**info, "key": key, "sha256": sha256_file(built), "created": time.time()}))
         if os.path.lexists(final) and not final.is_file():
             _remove(final)  # a directory where the object belongs (corrupt); we hold its lock
         publish_file(built, final)  # object first: a meta without its object is ignored
@@ -427,9 +483,8 @@ def _inspect_library(entry: Path, key: Optional[str] = None) -> Tuple[Optional[s
         return f"{so_name} is missing", None
     check_safe(entry)
     check_safe(so)
-    if sha256_file(so) != manifest.get("sha256"):
-        return f"{so_name} does not match its recorded sha256", None
-    return None, so
+    problem = _hash_problem(so, manifest.get("sha256"))
+    return (problem, None) if problem else (None, so)
 
 
 def _library_status(entry: Path, key: Optional[str] = None) -> Optional[str]:
@@ -490,12 +545,15 @@ def pch_problem(root: Path) -> Optional[str]:
         return f"unsafe: {e}"
     except OSError:
         return f"{meta['file']} is missing"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{meta['file']} is not a regular file"
     if st.st_size != meta.get("size"):
         return f"{meta['file']} has {st.st_size} bytes, {meta.get('size')} were recorded (truncated?)"
     seen = (str(gch), st.st_ino, st.st_size, st.st_mtime_ns)
     if seen not in _PCH_VERIFIED:  # hashing ~0.5 GB costs ~1 s: once per process per file
-        if sha256_file(gch) != meta.get("sha256"):
-            return f"{meta['file']} does not match its recorded sha256"
+        problem = _hash_problem(gch, meta.get("sha256"))
+        if problem:
+            return problem
         _PCH_VERIFIED[seen] = True
     return None
 
@@ -566,7 +624,9 @@ def entries() -> List[dict]:
                     "key": key[:16] if isinstance(key, str) else dir_key, "size": size,
                     "created": _number(m.get("created"), 0.0),
                     "last_used": _last_used(entry, entry / "manifest.json"),
-                    "build_seconds": _number(m.get("build_seconds"), None), "path": str(entry)})
+                    "build_seconds": _number(m.get("build_seconds"), None), "path": str(entry),
+                    # a build another rank of a group= job sent (docs/distributed.md: what that trusts)
+                    "received_from_rank": m.get("received_from_rank") if isinstance(m.get("received_from_rank"), int) else None})
     return out
 
 
@@ -641,15 +701,15 @@ def gc(max_age_days: float = DEFAULT_MAX_AGE_DAYS, now: Optional[float] = None) 
     removed = {"libraries": 0, "objects": 0, "pch": 0, "sources": 0, "tmp": 0, "locks": 0}
     for entry in list(subdir("lib").iterdir()):
         is_old = old(entry, entry / "manifest.json")
-        if is_old() and _remove_library_if(entry, lambda: not is_old()):
+        if is_old() and _remove_library_if(entry, lambda is_old=is_old: not is_old()):
             removed["libraries"] += 1
     for key in _object_keys():
         is_old = old(object_path(key), object_path(key).with_suffix(".json"))
-        if is_old() and _remove_object_if(key, lambda: not is_old()):
+        if is_old() and _remove_object_if(key, lambda is_old=is_old: not is_old()):
             removed["objects"] += 1
     for root in _pch_roots():
         is_old = old(root, root / PCH_META)
-        if is_old() and _remove_pch_if(root, lambda: not is_old()):
+        if is_old() and _remove_pch_if(root, lambda is_old=is_old: not is_old()):
             removed["pch"] += 1
     removed["sources"] = _remove_unused(subdir("src"), min(cutoff, now - STALE_TMP_SECONDS))
     removed["tmp"] = _remove_unused(subdir("tmp"), now - STALE_TMP_SECONDS)

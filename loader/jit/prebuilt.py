@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Iterable, List, Optional, Sequence, Set, Tuple
 
 from ..errors import CacheSecurityError, KernelkitError
-from . import toolchain
+from . import keys, toolchain
 from .progress import say
-from .sources import digest_tree, sha256_bytes, sha256_file
+from .sources import digest_tree, sha256_file
 
 log = logging.getLogger("kernelkit")
 
@@ -50,6 +50,8 @@ def split_flags(flags: Sequence[str]) -> Tuple[List[str], List[str], List[str]]:
             if not m:
                 raise KernelkitError(f"unexpected -gencode value in {list(flags)}")
             archs.append(m.group(1))
+        elif f == "-I":
+            incs.append(next(it, ""))
         elif f.startswith("-I"):
             incs.append(f[2:])
         else:
@@ -69,15 +71,15 @@ def portable_fingerprint() -> List[str]:
 
 
 def source_key(target) -> str:
-    """The machine-independent key of a planned build (a ``build.Target``)."""
-    chunks = [b"kernelkit-source-key-1", target.name.encode(), "\n".join(portable_fingerprint()).encode(),
-              "\0".join(key_ldflags(target.ldflags)).encode()]
+    """The machine-independent key of a planned build (a ``build.Target``): see ``keys.source_key``."""
+    units = []
     for u in target.units:
         _, _, flags = split_flags(u.flags)
         # the digest the unit was planned with, where build.Unit records it (else the files as they are now)
-        digest = getattr(u, "digest", None) or digest_tree(u.path.read_bytes(), u.deps)
-        chunks += [u.kind.encode(), "\0".join(flags).encode(), digest.encode()]
-    return sha256_bytes(*chunks)
+        digest = getattr(u, "digest", None) or digest_tree(u.path.read_bytes(), u.deps, getattr(u, "roots", ()))
+        units.append((u.kind, flags, digest))
+    return keys.source_key(target.name, portable_fingerprint(), key_ldflags(target.ldflags), units,
+                           keys.link_files(target.ldflags))
 
 
 def target_archs(target) -> List[str]:

@@ -1,11 +1,23 @@
 """Source scanning and hashing: a translation unit's key covers its text and every local header it
-includes, transitively, so editing a header is never invisible (torch's loader misses this, #47557)."""
+includes, transitively, so editing a header is never invisible (torch's loader misses this, #47557).
+
+Headers are looked for where the compiler looks: the includer's directory, then the directories named by
+every spelling of the include flags (``-I dir``, ``-Idir``, ``-iquote``, ``-isystem``, ``-idirafter``, nvcc's
+``--include-path``/``--system-include``, ``-Xcompiler`` values) and the ``CPATH`` family; files forced in with
+``-include``/``-imacros``/``--pre-include`` are hashed and scanned too. Link inputs named in the link flags
+(archives, objects, shared libraries, ``-l`` found in the flags' own ``-L`` directories) are hashed by content.
+"""
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 import re
+import stat
 from pathlib import Path
-from typing import Dict, Iterable, List, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
+
+from ..errors import KernelkitError
 
 # kernelkit's own sources: the public C++ include root (cards include <kernelkit/binding.h>, ...) and its C++
 # modules; here, not in toolchain, because a warm start needs the paths but none of the toolchain
@@ -16,6 +28,7 @@ _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"]+)[>"]', re.M)
 _TORCH_PREFIXES = ("torch/", "ATen/", "c10/", "pybind11/")
 
 
+# -------------------------------------------------------------------------------------------- hashing
 def sha256_bytes(*chunks: bytes) -> str:
     h = hashlib.sha256()
     for c in chunks:
@@ -25,47 +38,234 @@ def sha256_bytes(*chunks: bytes) -> str:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
+    """sha256 of a regular file. Anything else (a FIFO, a device) raises OSError at once instead of
+    blocking the process on a read that never ends."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        h = hashlib.sha256()
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
 
 
+def snapshot(paths: Iterable[Path]) -> Dict[Path, Optional[tuple]]:
+    """Each file as it is now: identity (inode, size, mtime, ctime: an edit undone again still changes
+    those) and sha256; None where it cannot be read."""
+    out: Dict[Path, Optional[tuple]] = {}
+    for p in paths:
+        try:
+            st = os.stat(p)
+            out[p] = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, sha256_file(p))
+        except OSError:
+            out[p] = None
+    return out
+
+
+def under(path: Path, roots: Iterable[Path]) -> bool:
+    """Whether ``path`` is one of ``roots`` or inside one (by strings: pathlib's relative_to costs ~5 us,
+    and a warm plan asks this hundreds of times)."""
+    p = os.fspath(path)
+    return any(p == r or p.startswith(r + "/") for r in map(os.fspath, roots))
+
+
+# ------------------------------------------------------------------------------------- include flags
+class Search(NamedTuple):
+    """Where a compile looks for headers, in the compiler's order, and the files it reads before the TU."""
+
+    quote: Tuple[Path, ...]  # -iquote: for #include "..." only, after the includer's directory
+    angle: Tuple[Path, ...]  # -I, CPATH, -isystem, CPLUS_INCLUDE_PATH, -idirafter: for both forms
+    forced: Tuple[str, ...]  # -include / -imacros / --pre-include, as written
+
+
+# (spelling, what it adds); a spelling takes its value joined (-Idir), after '=' (long forms) or as the next
+# token. Longest first, so that -isystem is not read as -I... and -include not as -i...
+_INCLUDE_FLAGS = (("--include-path", "I"), ("--system-include", "isystem"), ("--pre-include", "forced"),
+                  ("-idirafter", "idirafter"), ("-isystem", "isystem"), ("-iquote", "iquote"),
+                  ("-imacros", "forced"), ("-include", "forced"), ("-I", "I"))
+_NVCC_LISTS = {"I", "isystem", "forced"}  # nvcc splits these option values at commas (-I a,b is two dirs)
+_HOST_FLAGS = ("-Xcompiler", "--compiler-options")
+
+
+def _host_tokens(flags: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """nvcc flags -> (its own flags, the host compiler's flags that -Xcompiler hands on, comma-split)."""
+    own, host = [], []
+    it = iter(flags)
+    for f in it:
+        spelling = next((s for s in _HOST_FLAGS if f == s or f.startswith(s + "=")), None)
+        if spelling is None:
+            own.append(f)
+            continue
+        value = f[len(spelling) + 1:] if f != spelling else next(it, "")
+        host += [v for v in value.split(",") if v]
+    return own, host
+
+
+def _include_flags(tokens: Sequence[str], nvcc: bool) -> List[Tuple[str, str]]:
+    """(what, value) for each include flag among ``tokens``, in order."""
+    out = []
+    it = iter(tokens)
+    for f in it:
+        for spelling, what in _INCLUDE_FLAGS:
+            if not f.startswith(spelling):
+                continue
+            rest = f[len(spelling):]
+            if spelling.startswith("--"):
+                if rest and not rest.startswith("="):
+                    continue  # another long option that shares the prefix
+                rest = rest[1:]
+            value = rest or next(it, "")
+            values = value.split(",") if nvcc and what in _NVCC_LISTS else [value]
+            out += [(what, v) for v in values if v and not v.startswith("=")]  # "=dir": under the sysroot
+            break
+    return out
+
+
+def _env_dirs(name: str) -> List[str]:
+    return [d for d in os.environ.get(name, "").split(os.pathsep) if d]
+
+
+def include_search(flags: Sequence[str], nvcc: bool, outside: Sequence[Path] = ()) -> Search:
+    """Where a compile with ``flags`` looks for headers (nvcc's flags when ``nvcc``). Directories under
+    ``outside`` (torch's, CUDA's, Python's, the system's: covered by the toolchain fingerprint) and
+    directories that do not exist are left out."""
+    own, host = _host_tokens(flags) if nvcc else (list(flags), [])
+    found = _include_flags(own, nvcc) + _include_flags(host, False)
+    by = {w: [v for what, v in found if what == w] for w in ("I", "iquote", "isystem", "idirafter", "forced")}
+    angle = [*by["I"], *_env_dirs("CPATH"), *by["isystem"], *_env_dirs("CPLUS_INCLUDE_PATH"), *by["idirafter"]]
+
+    def dirs(values: Sequence[str]) -> Tuple[Path, ...]:
+        out: Dict[Path, None] = {}
+        for v in values:
+            d = Path(v).resolve()  # as the compiler reads it: relative to the working directory, no ~
+            if d.is_dir() and not under(d, outside):
+                out[d] = None
+        return tuple(out)
+
+    return Search(dirs(by["iquote"]), dirs(angle), tuple(by["forced"]))
+
+
+def resolve_forced(name: str, search: Search, outside: Sequence[Path] = ()) -> Optional[Path]:
+    """A forced include as the compiler finds it: the working directory first, then the "..." chain."""
+    for d in (Path.cwd(), *search.quote, *search.angle):
+        cand = d / name
+        if cand.is_file():
+            cand = cand.resolve()
+            return None if under(cand, outside) else cand
+    return None
+
+
+# ------------------------------------------------------------------------------------------- scanning
 def includes(text: str) -> List[Tuple[str, str]]:
     """Each ``#include`` of ``text`` as (``"<"`` or ``'"'``, the name as written)."""
     return _INCLUDE.findall(text)
 
 
-def scan_includes(text: str, here: Path, include_dirs: Sequence[Path]) -> Tuple[List[Path], bool]:
-    """Local headers ``text`` includes, transitively (resolved against its own directory, then the
-    include dirs; system headers are not local and are left out), and whether any of it includes torch."""
+def scan_includes(text: str, here: Path, include_dirs: Sequence[Path], *, quote_dirs: Sequence[Path] = (),
+                  forced: Sequence[Path] = ()) -> Tuple[List[Path], bool]:
+    """Local headers ``text`` includes, transitively (a "..." include resolved against its includer's
+    directory, then ``quote_dirs``, then the include dirs; a <...> include against the include dirs;
+    system headers are not local and are left out), plus the ``forced`` files (-include, -imacros) and
+    what they include; and whether any of it includes torch."""
     found: Dict[Path, None] = {}
     uses_torch = False
     stack: List[Tuple[str, Path]] = [(text, here)]
     visited: Set[Path] = set()
+
+    def visit(path: Path) -> None:
+        if path not in visited:
+            visited.add(path)
+            found[path] = None
+            stack.append((path.read_text(errors="replace"), path.parent))
+
+    for f in forced:
+        visit(f.resolve())
     while stack:
         body, base = stack.pop()
         for kind, name in includes(body):
             if name.startswith(_TORCH_PREFIXES):
                 uses_torch = True
-            dirs: Iterable[Path] = ([base] if kind == '"' else []) + list(include_dirs)
+            dirs: Iterable[Path] = [base, *quote_dirs, *include_dirs] if kind == '"' else include_dirs
             for d in dirs:
                 cand = d / name
                 if cand.is_file():  # before resolve(): most candidates (system headers) do not exist
-                    cand = cand.resolve()
-                    if cand not in visited:
-                        visited.add(cand)
-                        found[cand] = None
-                        stack.append((cand.read_text(errors="replace"), cand.parent))
+                    visit(cand.resolve())
                     break
     return sorted(found), uses_torch
 
 
-def digest_tree(text: bytes, deps: Sequence[Path]) -> str:
-    """Hash a TU's text together with its local headers (name + content, order-independent)."""
-    items = sorted((d.name.encode(), d.read_bytes()) for d in deps)  # independent of where they live
+def portable_name(path: Path, roots: Sequence[Path]) -> str:
+    """``path`` relative to the first of ``roots`` holding it (the TU's directory, then the search dirs),
+    so a key names the header as the include names it wherever the checkout lives; a file outside them
+    all by its path relative to the first root; with no roots, by its name."""
+    p = os.fspath(path)
+    for r in map(os.fspath, roots):
+        if p.startswith(r + "/"):
+            return p[len(r) + 1:]
+    return os.path.relpath(p, roots[0]) if roots else path.name
+
+
+def digest_tree(text: bytes, deps: Sequence[Path], roots: Sequence[Path] = ()) -> str:
+    """Hash a TU's text together with its local headers (portable name + content, order-independent):
+    two headers of one name in different directories are told apart by their place under ``roots``."""
+    items = sorted((portable_name(d, roots).encode(), d.read_bytes()) for d in deps)
     chunks = [text]
     for name, body in items:
         chunks += [name, body]
     return sha256_bytes(*chunks)
+
+
+# ---------------------------------------------------------------------------------------- link inputs
+def _library(name: str, lib_dirs: Sequence[str]) -> Optional[Path]:
+    """Where the linker finds ``-l<name>`` (``-l:<file>``) among ``lib_dirs``: .so before .a in each dir."""
+    names = [name[1:]] if name.startswith(":") else [f"lib{name}.so", f"lib{name}.a"]
+    for d in lib_dirs:
+        for n in names:
+            if os.path.isfile(os.path.join(d, n)):
+                return Path(d, n)
+    return None
+
+
+def link_inputs(ldflags: Sequence[str], outside: Sequence[Path] = ()) -> List[Path]:
+    """The files the link flags hand the linker, as resolved paths: plain paths (archives, objects,
+    shared libraries), file names in ``-Wl,``/``-Xlinker`` values, and ``-l`` libraries found in the flags'
+    ``-L`` dirs. Files under ``outside`` (torch's, the system's) are left out; so are missing ones (the
+    link then fails)."""
+    lib_dirs = [ldflags[i + 1] if f == "-L" and i + 1 < len(ldflags) else f[2:]
+                for i, f in enumerate(ldflags) if f.startswith("-L")]
+    candidates: List[Optional[Path]] = []
+    it = iter(ldflags)
+    for f in it:
+        if f in ("-L", "-o"):
+            next(it, None)
+        elif f == "-Xlinker":
+            candidates.append(Path(next(it, "")))
+        elif f.startswith("-Wl,"):
+            candidates += [Path(v) for v in f[4:].split(",") if v and not v.startswith("-")]
+        elif f.startswith("-l") and len(f) > 2:
+            candidates.append(_library(f[2:], lib_dirs))
+        elif not f.startswith("-"):
+            candidates.append(Path(f))
+    out: Dict[Path, None] = {}
+    for c in candidates:
+        if c is None or not str(c) or under(c, outside) or not c.is_file():  # (torch's libraries: no stat)
+            continue
+        c = c.resolve()
+        if not under(c, outside):
+            out[c] = None
+    return list(out)
+
+
+# ------------------------------------------------------------------------------- nvcc's shell, refused
+_SHELL = ("$", "`")
+
+
+def refuse_shell_expansion(args: Sequence[str], what: str) -> None:
+    """nvcc runs its steps through a shell, inside double quotes that leave ``$(...)``, ``$VAR`` and
+    backticks live: an argument holding one would run or expand there, so it is refused."""
+    for a in args:
+        bad = next((c for c in _SHELL if c in a), None)
+        if bad is not None:
+            raise KernelkitError(f"{what}: {a!r} contains {bad!r}, which the shell nvcc runs its steps through would "
+                                 "expand (or run); pass it without '$' and backticks (a path: move or rename it)")
