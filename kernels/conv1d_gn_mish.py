@@ -1,5 +1,6 @@
-"""conv1d_gn_mish card: Conv1d + GroupNorm + Mish fused, with a FiLM/residual epilogue (spec, fake kernel, and
-the public function :func:`conv1d_gn_mish`, which ``SPEC.op`` points at).
+"""conv1d_gn_mish card: Conv1d + GroupNorm + Mish fused, with a FiLM/residual epilogue (spec, fake kernel, the
+public function :func:`conv1d_gn_mish`, which ``SPEC.op`` points at, and the known-wrong twins the checker must
+reject).
 
 The op's constants (the ``impl`` codes, the cost model of ``impl="auto"``, the weight layout threshold) are
 defined once, in ``conv1d_gn_mish.h``; :func:`config` reads them from the loaded build.
@@ -9,9 +10,11 @@ from __future__ import annotations
 from typing import Dict, Optional, Union
 
 import torch
+import torch.nn.functional as F
 
 import kernelkit
-from kernelkit.reference.conv1d_gn_mish import UNET_CONV_SHAPES
+from kernelkit import cardkit
+from kernelkit.reference.conv1d_gn_mish import UNET_CONV_SHAPES, epilogue
 from kernelkit.reference.conv1d_gn_mish import conv1d_gn_mish as reference
 
 CARD = "conv1d_gn_mish"
@@ -26,7 +29,7 @@ def config() -> dict:
     value} (kk::ConvCostModel: the cost model of impl="auto"), "channels_last_min_weights": weights from which
     cuDNN's channels-last algorithm pays (so a filter this large is best stored by channels_last_weight),
     "direct_max_taps": ...}``. Builds/loads the card on first use."""
-    fn = kernelkit.current_op(CARD, "conv1d_gn_mish_config")
+    fn = cardkit.current_op(CARD, "conv1d_gn_mish_config")
     cfg = _CONFIGS.get(fn)
     if cfg is None:
         cfg = _CONFIGS[fn] = _parse_config(fn())
@@ -79,7 +82,7 @@ def conv1d_gn_mish(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
 
     Not differentiable: with grad mode on, an input that requires grad is refused.
     """
-    op = kernelkit.current_op(CARD, CARD)
+    op = cardkit.current_op(CARD, CARD)
     code = _impl_code_for_trace(impl) if torch.compiler.is_compiling() else impl_code(impl)
     return op(x, weight, bias, gamma, beta, groups, eps, scale, shift, residual, code)
 
@@ -102,7 +105,7 @@ def make_inputs(shape, dtype=torch.float32, device="cpu", generator=None):
     bound = 1.0 / max(1, cin * K) ** 0.5
 
     def randn(*s, scale=1.0, shift=0.0):
-        return kernelkit.randn(s, dtype, device, generator, scale=scale, shift=shift)
+        return cardkit.randn(s, dtype, device, generator, scale=scale, shift=shift)
 
     x = randn(b, cin, length)
     w = randn(cout, cin, K, scale=bound)
@@ -135,11 +138,12 @@ SPEC = kernelkit.Spec(
 
 
 def _fake(x, weight, bias, gamma, beta, groups=8, eps=1e-5, scale=None, shift=None, residual=None, impl=None):
+    del eps, impl  # values the kernel reads, not shapes
     op = CARD
     for t, name in ((weight, "weight"), (bias, "bias"), (gamma, "gamma"), (beta, "beta"), (scale, "scale"),
                     (shift, "shift"), (residual, "residual")):
         if t is not None:
-            kernelkit.check_pair(op, x, "x", t, name)
+            cardkit.check_pair(op, x, "x", t, name)
     if x.dim() != 3 or weight.dim() != 3 or weight.shape[1] != x.shape[1]:
         raise RuntimeError(f"{op}: x must be (B, Cin, L) and weight (Cout, Cin, K), got {list(x.shape)} and "
                            f"{list(weight.shape)}")
@@ -152,3 +156,26 @@ def _fake(x, weight, bias, gamma, beta, groups=8, eps=1e-5, scale=None, shift=No
 
 def setup(lib):
     torch.library.register_fake(lib.qualname(CARD))(_fake)
+
+
+# ---- known-wrong versions: kernelkit.check must reject every one (tests/test_wrong_twins.py) ----------------
+
+
+def _flipped_taps(x, weight, bias, gamma, beta, groups=8, eps=1e-5, scale=None, shift=None, residual=None):
+    """A direct convolution that walks the filter taps backwards (convolution instead of cross-correlation)."""
+    return reference(x, weight.flip(-1), bias, gamma, beta, groups, eps, scale, shift, residual)
+
+
+def _unbiased_variance(x, weight, bias, gamma, beta, groups=8, eps=1e-5, scale=None, shift=None, residual=None):
+    """GroupNorm with the unbiased variance (divides by n - 1, as torch.var does by default)."""
+    y = F.conv1d(x, weight, bias, padding=weight.shape[-1] // 2)
+    b, c, length = y.shape
+    g = y.reshape(b, groups, c // groups * length)
+    centred = g - g.mean(-1, keepdim=True)
+    g = centred / torch.sqrt(centred.square().sum(-1, keepdim=True) / max(g.shape[-1] - 1, 1) + eps)
+    y = g.reshape(b, c, length) * gamma[:, None] + beta[:, None]
+    return epilogue(F.mish(y), scale, shift, residual)
+
+
+WRONG = {**cardkit.wrong_twins(reference, "skip_last", "assumes_contiguous"), "flipped_taps": _flipped_taps,
+         "unbiased_variance": _unbiased_variance}

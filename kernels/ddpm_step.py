@@ -1,11 +1,11 @@
-"""ddpm_step card: the fused DDPMScheduler.step (spec, fake kernels, and the public function :func:`ddpm_step`,
-which ``SPEC.op`` points at)."""
+"""ddpm_step card: the fused DDPMScheduler.step (spec, fake kernels, the public function :func:`ddpm_step`,
+which ``SPEC.op`` points at, and the known-wrong twins the checker must reject)."""
 from typing import Optional
 
 import torch
 
 import kernelkit
-from kernelkit import ops as _ops
+from kernelkit import cardkit
 from kernelkit.reference.ddpm_step import NUM_COLS, DDPMScheduler
 from kernelkit.reference.ddpm_step import ddpm_step as reference
 
@@ -35,9 +35,10 @@ def ddpm_step(model_output: torch.Tensor, timestep: torch.Tensor, sample: torch.
         clip_sample_range: x0 is clamped to [-r, r] (``inf`` disables clipping).
     """
     if noise is not None:
-        return _ops._op("ddpm_step", "ddpm_step")(model_output, timestep, sample, coeffs, noise, clip_sample_range)
-    return _ops._op("ddpm_step", "ddpm_step_philox")(model_output, timestep, sample, coeffs, clip_sample_range,
-                                                     generator=generator)
+        return cardkit.current_op("ddpm_step", "ddpm_step")(model_output, timestep, sample, coeffs, noise,
+                                                            clip_sample_range)
+    return cardkit.current_op("ddpm_step", "ddpm_step_philox")(model_output, timestep, sample, coeffs, clip_sample_range,
+                                                              generator=generator)
 
 
 def make_inputs(shape, dtype=torch.float32, device="cpu", generator=None):
@@ -71,7 +72,7 @@ SPEC = kernelkit.Spec(
 
 def _check(model_output, timestep, sample, coeffs, noise=None):
     op = "ddpm_step"
-    kernelkit.check_pair(op, sample, "sample", model_output, "model_output")
+    cardkit.check_pair(op, sample, "sample", model_output, "model_output")
     if model_output.shape != sample.shape:
         raise RuntimeError(f"{op}: model_output must have the shape of sample {list(sample.shape)}, got "
                            f"{list(model_output.shape)}")
@@ -84,7 +85,7 @@ def _check(model_output, timestep, sample, coeffs, noise=None):
         raise RuntimeError(f"{op}: coeffs must be a float32 (T, {NUM_COLS}) table on {sample.device}, got {coeffs.dtype} "
                            f"of shape {list(coeffs.shape)} on {coeffs.device}")
     if noise is not None:
-        kernelkit.check_pair(op, sample, "sample", noise, "noise")
+        cardkit.check_pair(op, sample, "sample", noise, "noise")
         if noise.shape != sample.shape:
             raise RuntimeError(f"{op}: noise must have the shape of sample {list(sample.shape)}, got {list(noise.shape)}")
 
@@ -104,7 +105,27 @@ def setup(lib):
 
     @torch.library.register_fake(lib.qualname("ddpm_step_philox"))
     def _(model_output, timestep, sample, coeffs, clip_sample_range=1.0, *, generator=None):
+        del generator  # the output's shape does not depend on it
         _check_clip(clip_sample_range)
         _check(model_output, timestep, sample, coeffs)
         return sample.new_empty(sample.shape)
 
+
+# ---- known-wrong versions: kernelkit.check must reject every one (tests/test_wrong_twins.py) ----------------
+
+
+def _no_clip(model_output, timestep, sample, coeffs, noise, _clip_sample_range=1.0):
+    """Never clamps the x0 prediction (clip_sample ignored)."""
+    return reference(model_output, timestep, sample, coeffs, noise, float("inf"))
+
+
+def _next_row(model_output, timestep, sample, coeffs, noise, clip_sample_range=1.0):
+    """Reads the coefficients of timestep t + 1: an off-by-one in the table index."""
+    later = (timestep + 1).clamp(max=coeffs.shape[0] - 1)
+    return reference(model_output, later, sample, coeffs, noise, clip_sample_range)
+
+
+WRONG = {**cardkit.wrong_twins(reference, "skip_last", "skip_tail", "assumes_contiguous", "returns_float32",
+                               "float64_via_float32"),
+         **cardkit.wrong_twins(reference, "into_input", index=2),  # over sample, an in-place step
+         "no_clip": _no_clip, "next_row": _next_row}

@@ -1,11 +1,13 @@
-"""Helpers for a card's spec file (``<op>.py``): seeded inputs, shared shape sets, bytes moved, and fake
-(meta) kernels whose checks and messages mirror the C++ helpers of ``<kernelkit/torch_glue.h>``.
+"""Helpers for a card's spec file (``<op>.py``): seeded inputs, shared shape sets, bytes moved, fake (meta)
+kernels whose checks and messages mirror the C++ helpers of ``<kernelkit/torch_glue.h>``, and known-wrong
+twins for the card's ``WRONG``.
 
-All are exported from the package: ``kernelkit.randn``, ``kernelkit.elementwise_inputs``, ... (docs/helpers.md).
+Cards use them as ``kernelkit.cardkit.<name>`` (``kernelkit.cardkit.elementwise_inputs``, ...; docs/helpers.md).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+import functools
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import torch
 
@@ -115,11 +117,111 @@ def register_elementwise_fakes(lib, *op_names: str) -> None:
 
 def _elementwise_fake(op: str, names: Sequence[str]) -> Callable:
     if len(names) == 1:
-        return lambda x, *rest, **kw: fake_unary(op, x, names[0])
-    return lambda a, b, *rest, **kw: fake_binary(op, a, names[0], b, names[1])
+        return lambda x, *_rest, **_kw: fake_unary(op, x, names[0])
+    return lambda a, b, *_rest, **_kw: fake_binary(op, a, names[0], b, names[1])
 
 
-def current_op(card: str, op: Optional[str] = None) -> Callable:
-    """The callable of op ``op`` (default: the card's own op) of ``card``'s current build, for a card's own
-    Python wrapper: ask on every call (a hot reload changes it). Under torch.compile, its OpOverload."""
-    return _ops._op(card, op or card)
+#: ``current_op(card, op=None)``: the callable of op ``op`` (default: the card's own op) of ``card``'s current
+#: build, for a card's own Python function: ask on every call (a hot reload changes it). Under torch.compile,
+#: its OpOverload. kernelkit.ops's own function, not a wrapper: it runs on every call of such a function.
+current_op = _ops._op
+
+
+# ---- known-wrong twins: a correct function with a real kernel bug, for a card's ``WRONG`` -----------------
+# A card lists the bugs its checker must catch as ``WRONG = {name: fn}`` (pure PyTorch, the op's signature);
+# tests run ``kernelkit.check`` on each in place of the op and require a failure. These build the bugs any
+# elementwise-shaped op can have from the card's correct function (its reference).
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s memory read as a contiguous tensor from its first element, whatever its strides."""
+    strides, step = [], 1
+    for size in reversed(t.shape):
+        strides.insert(0, step)
+        step *= max(size, 1)
+    return torch.as_strided(t, t.shape, strides, t.storage_offset())
+
+
+def _store(result: torch.Tensor, out: Optional[torch.Tensor], count: int) -> torch.Tensor:
+    """The first ``count`` elements (row-major) of ``result`` stored into ``out`` (a fresh tensor when None);
+    the others keep whatever the memory held."""
+    target = out if out is not None else torch.empty(result.shape, dtype=result.dtype, device=result.device)
+    mask = torch.zeros(result.numel(), dtype=torch.bool, device=result.device)
+    mask[:count] = True
+    mask = mask.view(result.shape)
+    target[mask] = result[mask]
+    return target
+
+
+def _returned(result: torch.Tensor, out: Optional[torch.Tensor]) -> torch.Tensor:
+    return result if out is None else out.copy_(result)
+
+
+def _cast(args: tuple, dtypes: Sequence[torch.dtype], to: torch.dtype) -> tuple:
+    return tuple(a.to(to) if isinstance(a, torch.Tensor) and a.dtype in dtypes else a for a in args)
+
+
+def _skip_last(fn, args, out):  # a grid of (n - 1) / block blocks
+    res = fn(*args)
+    return _store(res, out, max(res.numel() - 1, 0))
+
+
+def _skip_tail(fn, args, out, width):  # a vectorised loop without its scalar tail
+    res = fn(*args)
+    return _store(res, out, res.numel() - res.numel() % width)
+
+
+def _assumes_contiguous(fn, args, out):  # indexes data_ptr()[i], ignoring strides
+    res = fn(*(_dense(a) if isinstance(a, torch.Tensor) else a for a in args))
+    if out is not None:
+        _dense(out).copy_(res)
+    return res if out is None else out
+
+
+def _into_input(fn, args, out, index):  # "saves memory" by writing the result over an input
+    return _returned(args[index].copy_(fn(*args)), out)
+
+
+def _returns_float32(fn, args, out):  # half/bfloat16 computed in float, never cast back
+    res = fn(*_cast(args, (torch.float16, torch.bfloat16), torch.float32))
+    if out is not None:
+        out.copy_(res)
+    return res
+
+
+def _float64_via_float32(fn, args, out):  # an accumulator type fixed at float
+    res = fn(*_cast(args, (torch.float64,), torch.float32))
+    double = any(isinstance(a, torch.Tensor) and a.dtype == torch.float64 for a in args)
+    return _returned(res.to(torch.float64) if double else res, out)
+
+
+#: the bugs :func:`wrong_twins` builds
+GENERIC_BUGS = ("skip_last", "skip_tail", "assumes_contiguous", "into_input", "returns_float32",
+                "float64_via_float32")
+
+
+def wrong_twins(fn: Callable, *bugs: str, index: int = 0, width: int = 4) -> Dict[str, Callable]:
+    """``{bug: twin}``: for each of ``bugs`` (default: all of :data:`GENERIC_BUGS`) a copy of the correct
+    ``fn`` with that bug, taking ``fn``'s arguments and an optional ``out=``. ``skip_last``: the last output
+    element is never written; ``skip_tail``: elements past the last whole vector of ``width`` are never
+    written; ``assumes_contiguous``: reads every tensor argument, and writes ``out``, as dense memory from
+    its first element; ``into_input``: writes the result over positional input ``index`` (of the output's
+    shape); ``returns_float32``: float16/bfloat16 computed in float32 and returned so; ``float64_via_float32``:
+    float64 computed in float32. For a card's ``WRONG``."""
+    made = {"skip_last": _skip_last, "skip_tail": functools.partial(_skip_tail, width=width),
+            "assumes_contiguous": _assumes_contiguous, "into_input": functools.partial(_into_input, index=index),
+            "returns_float32": _returns_float32, "float64_via_float32": _float64_via_float32}
+    unknown = [b for b in bugs if b not in made]
+    if unknown:
+        raise ValueError(f"wrong_twins: bugs: expected names from {', '.join(GENERIC_BUGS)}, got {unknown[0]!r}")
+    return {bug: _twin(bug, made[bug], fn) for bug in bugs or GENERIC_BUGS}
+
+
+def _twin(bug: str, with_bug: Callable, fn: Callable) -> Callable:
+    def twin(*args, out: Optional[torch.Tensor] = None, **kwargs):
+        return with_bug(functools.partial(fn, **kwargs) if kwargs else fn, args, out)
+
+    name = getattr(fn, "__name__", "op")
+    twin.__name__ = twin.__qualname__ = f"{name}_{bug}"
+    twin.__doc__ = f"{name} with the bug {bug!r} (kernelkit.cardkit.wrong_twins)"
+    return twin

@@ -6,23 +6,31 @@ loaded from ``kernels_dir=``. Each call runs the card's current build (``kernels
 ``kernels/<op>.h``): the card is built and loaded on the first call (a few seconds the first time, then from
 the cache), and ``kernelkit.load("<op>")`` after an edit hot-reloads it for the next call. The ops are real
 torch ops: autograd (where the card registers it), ``torch.compile(fullgraph=True)`` (no graph breaks) and
-CUDA graphs work. Functions written out below exist where a card wants a Python-side signature.
+CUDA graphs work.
+
+A card that wants a Python-side signature (keywords, ``out=``, argument checks) defines a function named like
+the op in its own Python file (``kernels/vector_add.py`` defines ``vector_add``, calling
+``kernelkit.cardkit.current_op``); ``kernelkit.ops.<name>`` is then that function, for a user's card on
+``KERNELKIT_PATH`` as for a built-in one. This module holds only the machinery.
 
     >>> import torch, kernelkit
     >>> kernelkit.ops.sigmoid(torch.randn(1000, device="cuda"))
 """
 from __future__ import annotations
 
+import functools
+import types
 from typing import Callable, Dict, List, Optional
 
 import torch
 
+from . import loading
 from .errors import KernelkitError
-from .jit import api, registry
+from .jit import registry
 from .jit.cards import find as _find_card
 from .jit.cards import search_path as _search_path
 
-__all__ = ["vector_add", "sample_normal"]
+__all__: List[str] = []  # every op is found by name on first use (__getattr__)
 
 # the registry's own dicts (the loader keeps them current): torch.compile guards on _CURRENT's entries
 _CURRENT = registry.CURRENT
@@ -32,7 +40,7 @@ _FAST = registry.FAST
 def _sync(card: str) -> Dict[str, object]:
     """Bind the card's current build (loaded, and set up, on first use); return its eager callables."""
     fns = _FAST.get(card)
-    return fns if fns is not None else registry.bind(api.library(card))
+    return fns if fns is not None else registry.bind(loading.library(card))
 
 
 def _namespace(card: str) -> str:
@@ -50,9 +58,12 @@ _namespace_for_trace._dynamo_marked_constant = True
 _is_compiling = torch.compiler.is_compiling
 
 
-def _op(card: str, op: str):
-    """The callable for ``op`` of ``card``'s current build: the OpOverload under torch.compile, its C++
-    callable in eager."""
+def _op(card: str, op: Optional[str] = None):
+    """The callable for ``op`` (default: the card's own op, named like the card) of ``card``'s current build:
+    the OpOverload under torch.compile, its C++ callable in eager. ``kernelkit.cardkit.current_op`` is this
+    function, so a card's own Python function pays no extra call for asking on every call."""
+    if op is None:
+        op = card
     if _is_compiling():
         _namespace_for_trace(card)  # syncs/loads the card before Dynamo reads (and guards on) _CURRENT
         return _CURRENT[card][op]
@@ -117,7 +128,7 @@ def __getattr__(name: str):
 
 def _card_function(card: str, name: str) -> Optional[Callable]:
     """The card's own Python function ``name`` (a wrapper with a Python-side signature), if its spec file
-    defines one."""
+    defines one, as a function of this module."""
     lib = registry.latest(card)
     try:
         found = lib.card if lib is not None and lib.card is not None else _find_card(card)
@@ -125,69 +136,21 @@ def _card_function(card: str, name: str) -> Optional[Callable]:
     except (KernelkitError, ValueError):
         return None
     fn = getattr(module, name, None) if module is not None else None
-    return fn if callable(fn) and getattr(fn, "__module__", None) == module.__name__ else None
+    if not callable(fn) or getattr(fn, "__module__", None) != module.__name__:
+        return None
+    return _named_here(fn, name) if isinstance(fn, types.FunctionType) else fn
+
+
+def _named_here(fn: types.FunctionType, name: str) -> types.FunctionType:
+    """A copy of ``fn`` (same code, globals, defaults) that is ``kernelkit.ops.<name>``: found by that name in
+    another process (``kernelkit.profile``, pickle), and called without an extra Python frame."""
+    copy = types.FunctionType(fn.__code__, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+    functools.update_wrapper(copy, fn)
+    copy.__kwdefaults__ = dict(fn.__kwdefaults__) if fn.__kwdefaults__ else None
+    copy.__module__, copy.__qualname__ = __name__, name
+    return copy
 
 
 def __dir__():
     loaded = [op for card in registry.current() for op in _FAST.get(card, ())]
     return sorted(set(globals()) | set(loaded))
-
-
-# ----------------------------------------------------------------------------------------------------
-# the functions with a Python-side signature
-
-
-def vector_add(a: torch.Tensor, b: torch.Tensor, *, alpha=1, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``a + alpha * b``, broadcasting like :func:`torch.add` (card ``kernels/vector_add``).
-
-    Args:
-        a, b: float32/float64/float16/bfloat16 tensors of one dtype on one device (CPU or CUDA); any
-            strides (non-contiguous inputs are copied to contiguous first).
-        alpha: real scalar multiplier of ``b`` (computed in float32 for half/bfloat16, like torch).
-        out: optional preallocated result of the broadcast shape, same dtype and device; may be ``a`` or
-            ``b`` itself. Returned. Not differentiable (like ``torch.add(out=...)``).
-
-    Differentiable in ``a`` and ``b`` when ``out`` is None.
-    """
-    if out is None:
-        return _op("vector_add", "vector_add")(a, b, alpha)
-    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad or out.requires_grad):
-        raise RuntimeError("kernelkit.ops.vector_add(): out= does not support automatic differentiation "
-                           "(inputs or out require grad)")
-    _op("vector_add", "vector_add_out")(a, b, alpha, out)
-    return out
-
-
-def sample_normal(mu: torch.Tensor, sigma: torch.Tensor, n: int, *, generator: Optional[torch.Generator] = None,
-                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Draw ``n`` samples from N(mu_i, sigma_i^2) per row: ``X[i, j] = mu[i] + sigma[i] * z[i, j]``.
-
-    The fused CEM sampler (card ``kernels/sample_normal``). Returns a ``(d, n)`` tensor for ``mu`` and
-    ``sigma`` of shape ``(d,)`` (same dtype — float32/float64/float16/bfloat16 — and device). Every
-    ``z[i, j]`` is an independent N(0, 1) draw.
-
-    On CUDA, z is generated inside the kernel with Philox4x32-10 from ``generator`` (default: the
-    device's default CUDA generator), like torch's own random ops: the same seed gives the same samples,
-    the generator advances on every call, and each replay of a captured CUDA graph draws fresh samples.
-    float64 uses cuRAND's exact double Box-Muller; float32/float16/bfloat16 use the GPU's approximate
-    log/sqrt/sin/cos, within ~1e-6 (1 + |z|) of the exact transform of the same random bits
-    (``kernelkit.reference.philox`` reproduces every sample). On CPU it uses ``torch.randn`` with the
-    CPU generator (a different stream of numbers than CUDA).
-
-    Args:
-        n: samples per row (>= 0). No limit on ``n`` or ``d``.
-        generator: a ``torch.Generator`` on the tensors' device type.
-        out: optional preallocated ``(d, n)`` tensor to fill (avoids an allocation per CEM iteration);
-            ``n`` must equal ``out.shape[1]``. Returned.
-
-    Not differentiable. Under ``torch.compile`` pass ``generator=None``.
-    """
-    if out is None:
-        if generator is None:  # keyword parsing costs ~0.3 us of host time per call
-            return _op("sample_normal", "sample_normal")(mu, sigma, n)
-        return _op("sample_normal", "sample_normal")(mu, sigma, n, generator=generator)
-    if out.dim() != 2 or out.shape[1] != n:
-        raise ValueError(f"kernelkit.ops.sample_normal: out must have shape (d, n) = ({mu.shape[0] if mu.dim() else '?'}, "
-                         f"{n}), got {tuple(out.shape)}")
-    _op("sample_normal", "sample_normal_out")(mu, sigma, out, generator=generator)
-    return out

@@ -1,11 +1,13 @@
 """vector_add reference: out = a + alpha * b (broadcasting), and its backward."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 
-def vector_add(a: torch.Tensor, b: torch.Tensor, alpha=1) -> torch.Tensor:
-    return torch.add(a, b, alpha=alpha)
+def vector_add(a: torch.Tensor, b: torch.Tensor, alpha=1, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return torch.add(a, b, alpha=alpha, out=out)
 
 
 def vector_add_backward(grad: torch.Tensor, a_shape, b_shape, alpha=1):

@@ -1,5 +1,6 @@
 """kernelkit.bench: the CPU host-timer path in CI (timings that must reflect real work, adaptive repeats,
 the cached bandwidth floor, output files), the CUDA paths on a GPU."""
+import argparse
 import csv
 import json
 import sys
@@ -9,10 +10,10 @@ import pytest
 import torch
 
 from kernelkit import Spec, bench
+from kernelkit.cardkit import elementwise_inputs
+from kernelkit.frontends.harness_commands import parse_size
 from kernelkit.harness.bandwidth import device_bandwidth
 from kernelkit.harness.timing import paired_ratio, time_fn, time_together
-from kernelkit.frontends.harness_commands import parse_size
-from fixtures import broken_ops as B
 
 SIZES = [(1 << 10,), (1 << 14,)]
 
@@ -26,7 +27,7 @@ def sleeper(ms):
 
 
 def test_cpu_sweep_rows_and_files(tmp_path):
-    res = bench(torch.mul, B.randn_args(2), reference=torch.mul, sizes=SIZES, compile=False, budget_ms=5)
+    res = bench(torch.mul, elementwise_inputs(2), reference=torch.mul, sizes=SIZES, compile=False, budget_ms=5)
     assert res.timer == "host" and res.contenders == ["mul", "eager"]
     for size in SIZES:
         for name in ("mul", "eager"):
@@ -49,7 +50,7 @@ def test_cpu_sweep_rows_and_files(tmp_path):
 
 
 def test_times_reflect_the_work():
-    res = bench({"slow": sleeper(2), "fast": torch.add}, B.randn_args(2), sizes=[(64,)], budget_ms=40,
+    res = bench({"slow": sleeper(2), "fast": torch.add}, elementwise_inputs(2), sizes=[(64,)], budget_ms=40,
                 host_overhead=False, floor=False)
     slow, fast = res.median_us("slow"), res.median_us("fast")
     assert 2000 <= slow < 20000
@@ -138,18 +139,18 @@ def test_adaptive_repeat_count():
 
 
 def test_contender_errors_are_reported_not_raised():
-    def broken(a, b):
+    def broken(_a, _b):
         raise RuntimeError("kernel launch failed")
 
-    res = bench({"broken": broken, "ok": torch.add}, B.randn_args(2), sizes=[(256,)], host_overhead=False, floor=False)
+    res = bench({"broken": broken, "ok": torch.add}, elementwise_inputs(2), sizes=[(256,)], host_overhead=False, floor=False)
     assert "kernel launch failed" in res.get("broken")["error"]
     assert res.median_us("ok") > 0
     assert any("broken" in n for n in res.notes)
 
 
 def test_spec_drives_contenders_sizes_and_bytes(tmp_path):
-    spec = Spec(name="mulcard", reference=torch.mul, make_inputs=B.randn_args(2), op=torch.mul,
-                bench_sizes=((100,), (1000,)), bytes_moved=lambda args, out: 12345)
+    spec = Spec(name="mulcard", reference=torch.mul, make_inputs=elementwise_inputs(2), op=torch.mul,
+                bench_sizes=((100,), (1000,)), bytes_moved=lambda _args, _out: 12345)
     res = bench(spec, compile=True, budget_ms=5, host_overhead=False)
     assert res.contenders == ["kernelkit", "eager", "torch.compile"]
     assert res.sizes == [(100,), (1000,)]
@@ -165,10 +166,10 @@ def test_spec_drives_contenders_sizes_and_bytes(tmp_path):
 def test_copy_floor_is_timed_with_the_contenders_on_the_same_bytes(tmp_path):
     moved = {}
 
-    def bytes_moved(args, out):  # a fixed traffic per size, so the copy's work is known
+    def bytes_moved(args, _out):  # a fixed traffic per size, so the copy's work is known
         return moved.setdefault(args[0].numel(), 64 * args[0].numel())
 
-    spec = Spec(name="mulcard", reference=torch.mul, make_inputs=B.randn_args(2), op=torch.mul,
+    spec = Spec(name="mulcard", reference=torch.mul, make_inputs=elementwise_inputs(2), op=torch.mul,
                 bench_sizes=((1 << 10,), (1 << 20,)), bytes_moved=bytes_moved)
     res = bench(spec, compile=False, budget_ms=20, host_overhead=False, copy_floor=True)
     assert res.contenders == ["kernelkit", "eager", "copy"]
@@ -183,10 +184,10 @@ def test_copy_floor_is_timed_with_the_contenders_on_the_same_bytes(tmp_path):
 
 
 def test_copy_floor_without_a_working_contender_is_an_error_row():
-    def broken(a, b):
+    def broken(_a, _b):
         raise RuntimeError("kernel launch failed")
 
-    res = bench({"broken": broken}, B.randn_args(2), sizes=[(256,)], host_overhead=False, floor=False,
+    res = bench({"broken": broken}, elementwise_inputs(2), sizes=[(256,)], host_overhead=False, floor=False,
                 copy_floor=True)
     assert "bytes to copy are unknown" in res.get("copy")["error"]
 
@@ -197,7 +198,7 @@ def test_bandwidth_measured_once_and_cached(tmp_path, monkeypatch):
     assert 1e8 < bw < 1e13
     files = list(tmp_path.rglob("bandwidth.json"))
     assert len(files) == 1 and "cpu|" in files[0].read_text()
-    monkeypatch.setattr(sys.modules["kernelkit.harness.bandwidth"], "time_fn", lambda *a, **k: pytest.fail("measured again"))
+    monkeypatch.setattr(sys.modules["kernelkit.harness.bandwidth"], "time_fn", lambda *_a, **_k: pytest.fail("measured again"))
     assert device_bandwidth("cpu") == bw
 
 
@@ -208,12 +209,32 @@ def test_a_card_outside_the_repository_is_timed_by_name():
     assert res.contenders == ["kernelkit", "eager"] and res.median_us("kernelkit") > 0, res
 
 
+def test_a_sweep_with_nothing_to_time_is_refused():
+    with pytest.raises(ValueError, match="bench: sizes: expected at least one size, got an empty list$"):
+        bench(torch.add, elementwise_inputs(2), sizes=[])
+    spec = Spec(name="nosizes", reference=torch.add, make_inputs=elementwise_inputs(2), op=torch.add, bench_sizes=())
+    with pytest.raises(ValueError, match="bench: sizes: .*the spec 'nosizes' lists no bench_sizes"):
+        bench(spec, compile=False)
+    with pytest.raises(ValueError, match=r"bench: max_numel=100 skips every size \(4096, 65536\): nothing would be "
+                                         "timed"):
+        bench(torch.add, elementwise_inputs(2), sizes=[(4096,), (1 << 16,)], max_numel=100)
+    with pytest.raises(TypeError, match="bench: inputs: expected a tuple .* got list; several argument tuples"):
+        bench(torch.add, [(torch.randn(3), torch.randn(3))])
+
+
+def test_bench_command_refuses_an_empty_sweep(capsys):
+    from kernelkit.frontends import cli
+
+    assert cli.main(["bench", "vector_add", "--sizes", ",", "--device", "cpu"]) == 2
+    assert "--sizes: expected at least one size" in capsys.readouterr().err
+
+
 def test_parse_sizes():
     assert parse_size("4096") == (4096,)
     assert parse_size("1e6") == (1000000,)
     assert parse_size("2**20") == (1 << 20,) == parse_size("2^20")
     assert parse_size("100x1024") == (100, 1024)
-    with pytest.raises(Exception):
+    with pytest.raises(argparse.ArgumentTypeError, match="bad size 'abc'"):
         parse_size("abc")
 
 
@@ -221,7 +242,7 @@ def test_parse_sizes():
 
 @pytest.mark.gpu
 def test_gpu_events_compile_floor_and_host_overhead(tmp_path):
-    res = bench(torch.add, B.randn_args(2), reference=torch.add, sizes=[(1 << 20,), (1 << 26,)], device="cuda")
+    res = bench(torch.add, elementwise_inputs(2), reference=torch.add, sizes=[(1 << 20,), (1 << 26,)], device="cuda")
     assert res.timer == "cuda-events"
     assert res.contenders == ["add", "eager", "torch.compile"]
     big = res.get("add", (1 << 26,))
@@ -234,7 +255,7 @@ def test_gpu_events_compile_floor_and_host_overhead(tmp_path):
 @pytest.mark.gpu
 def test_gpu_copy_floor_matches_a_streaming_add():
     # a large add moves 3 tensors once; a copy of the same bytes takes about as long on any GPU
-    res = bench(torch.add, B.randn_args(2), sizes=[(1 << 12,), (1 << 26,)], device="cuda", compile=False,
+    res = bench(torch.add, elementwise_inputs(2), sizes=[(1 << 12,), (1 << 26,)], device="cuda", compile=False,
                 host_overhead=False, copy_floor=True)
     assert res.get("copy", (1 << 26,))["bytes"] == 3 * 4 << 26
     r = res.paired("copy", (1 << 26,))

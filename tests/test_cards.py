@@ -1,7 +1,8 @@
 """The standard battery over every card on the search path (built-in, and the user's via KERNELKIT_PATH):
 values against the reference, gradients, statistics for random ops, and the op contract (opcheck,
 torch.compile, CUDA graphs, current stream), then a one-size bench. Per-card test files keep only what
-is specific to their op."""
+is specific to their op; tests/test_wrong_twins.py holds each card's known-wrong versions (its WRONG) to a
+failure of the same check."""
 import pytest
 import torch
 

@@ -1,26 +1,37 @@
 """kernelkit.check catches the seed's bug classes, with messages that say where (index) or why (statistic).
 
-Every broken op in fixtures/broken_ops.py has a correct twin that must pass under the same spec, so a
-failure here is the harness telling the two apart, not the harness failing everything.
+The broken ops are the cards' own known-wrong twins (``WRONG`` in kernels/<op>.py, pure PyTorch), checked in
+place of the op under the card's spec; each card's reference passes under the same spec, so a failure here is
+the harness telling the two apart, not the harness failing everything. tests/test_wrong_twins.py holds every
+twin to a failure; the tests here check what the failures say.
 """
+import dataclasses
+
 import pytest
 import torch
 
 import kernelkit
 from kernelkit import CheckError, check
-from fixtures import broken_ops as B
+from kernelkit.cardkit import elementwise_inputs
+from kernelkit.frontends import cli
 
 FIXTURE_CARDS = __import__("pathlib").Path(__file__).parent / "fixtures" / "cards"
+CARDS = kernelkit.cards()
+ADD, MUL, SIG, SAMPLE = (CARDS[n].spec for n in ("vector_add", "elementwise_mul", "sigmoid", "sample_normal"))
+ADD_WRONG, MUL_WRONG, SIG_WRONG, SAMPLE_WRONG = (CARDS[n].module().WRONG for n in
+                                                 ("vector_add", "elementwise_mul", "sigmoid", "sample_normal"))
+F32_64 = [torch.float32, torch.float64]
 
 
 def messages(result) -> str:
     return "\n".join(m for c in result.failures for m in c.messages)
 
 
-@pytest.mark.parametrize("op, spec", [(B.add_ok, B.ADD_SPEC), (B.mul_ok, B.MUL_SPEC), (B.sample_ok, B.SAMPLE_SPEC)])
-def test_correct_ops_pass(op, spec):
-    res = check(op, spec=spec)
+@pytest.mark.parametrize("spec", [ADD, MUL, SAMPLE], ids=lambda s: s.name)
+def test_references_pass_with_every_kind_of_case(spec):
+    res = check(spec.reference, spec=spec, dtypes=[torch.float32])
     assert res.ok, res.message()
+    assert res.status == "ok" and res.compared > 0
     kinds = {c.kind for c in res.cases}
     assert kinds >= ({"stats", "seeding"} if spec.random else {"values"})
     if spec.grad_inputs:
@@ -28,7 +39,7 @@ def test_correct_ops_pass(op, spec):
 
 
 def test_off_by_one_that_skips_the_last_element():
-    res = check(B.add_skip_last, spec=B.ADD_SPEC)
+    res = check(ADD_WRONG["skip_last"], spec=ADD, dtypes=F32_64, gradcheck=False)
     assert not res.ok
     text = messages(res)
     assert "at index (6,)" in text and "at index (1022,)" in text and "at index (32, 64)" in text
@@ -38,12 +49,12 @@ def test_off_by_one_that_skips_the_last_element():
     with pytest.raises(CheckError, match=r"index \(1022,\)"):
         res.raise_for_status()
     with pytest.raises(CheckError):
-        check(B.add_skip_last, spec=B.ADD_SPEC, raise_on_fail=True)
+        check(ADD_WRONG["skip_last"], spec=ADD, dtypes=F32_64, gradcheck=False, raise_on_fail=True)
 
 
 def test_write_past_the_end_of_out():
     """The seed's `i <= N`: every value is right, only the guard band after `out` betrays it."""
-    res = check(B.add_write_past_end, spec=B.ADD_SPEC)
+    res = check(ADD_WRONG["write_past_end"], spec=ADD, dtypes=F32_64)
     assert not res.ok
     assert all("out=" in c.layout for c in res.failures)
     dense = [c for c in res.failures if c.layout == "contiguous out="]
@@ -53,7 +64,7 @@ def test_write_past_the_end_of_out():
 
 
 def test_write_into_the_gaps_of_a_strided_view():
-    res = check(B.add_assumes_contiguous, spec=B.ADD_SPEC)
+    res = check(ADD_WRONG["assumes_contiguous"], spec=ADD, dtypes=F32_64)
     assert not res.ok
     assert all(c.ok for c in res.cases if c.layout.startswith("contiguous"))  # right on dense memory
     text = messages(res)
@@ -62,40 +73,40 @@ def test_write_into_the_gaps_of_a_strided_view():
 
 
 def test_modifying_an_input():
-    res = check(B.add_into_input, spec=B.ADD_SPEC)
+    res = check(ADD_WRONG["into_input"], spec=ADD, dtypes=F32_64, gradcheck=False)
     assert not res.ok
     assert "input 0: the op modified its input in place" in messages(res)
 
 
 def test_out_buffer_is_poisoned():
-    res = check(B.add_ignores_out, spec=B.ADD_SPEC)
+    res = check(ADD_WRONG["ignores_out"], spec=ADD, dtypes=F32_64)
     assert not res.ok and all("out=" in c.layout for c in res.failures)
     assert "NaN/inf where the reference is finite" in messages(res)
 
 
 def test_output_dtype_must_match_the_reference():
-    res = check(B.mul_returns_float64, spec=B.MUL_SPEC, gradcheck=False)
+    res = check(MUL_WRONG["returns_float64"], spec=MUL, dtypes=F32_64, gradcheck=False)
     assert not res.ok
     assert all(c.dtype == torch.float32 for c in res.failures)
     assert "dtype torch.float64, expected torch.float32" in messages(res)
 
 
 def test_half_inputs_returned_upcast():
-    res = check(B.sigmoid_upcast_half, torch.sigmoid, inputs=B.randn_args(1))
+    res = check(SIG_WRONG["returns_float32"], spec=SIG, gradcheck=False)
     assert {c.dtype for c in res.failures} == {torch.float16, torch.bfloat16}
     assert "dtype torch.float32, expected torch.float16" in messages(res)
 
 
 def test_float64_computed_in_float32():
-    res = check(B.sigmoid_via_float32, torch.sigmoid, inputs=B.randn_args(1))
+    res = check(SIG_WRONG["float64_via_float32"], spec=SIG, gradcheck=False)
     assert {c.dtype for c in res.failures} == {torch.float64}
     assert "rtol=1e-10" in messages(res)
     # the tolerance is the knob: loosened, the same op passes
-    assert check(B.sigmoid_via_float32, torch.sigmoid, inputs=B.randn_args(1), rtol=1e-6, atol=1e-7).ok
+    assert check(SIG_WRONG["float64_via_float32"], spec=SIG, gradcheck=False, rtol=1e-6, atol=1e-7).ok
 
 
 def test_wrong_backward():
-    res = check(B.mul_bad_backward, spec=B.MUL_SPEC)
+    res = check(MUL_WRONG["swapped_grads"], spec=MUL, dtypes=F32_64)
     kinds = {c.kind for c in res.failures}
     assert kinds == {"gradcheck", "backward"}
     text = messages(res)
@@ -104,7 +115,7 @@ def test_wrong_backward():
 
 
 def test_sampler_with_one_z_shared_across_rows():
-    res = check(B.sample_shared_z, spec=B.SAMPLE_SPEC)
+    res = check(SAMPLE_WRONG["shared_z"], spec=SAMPLE, dtypes=[torch.float32])
     assert not res.ok
     text = messages(res)
     assert "correlation test: rows 0 and 1 are correlated, r = 1.000" in text
@@ -112,28 +123,21 @@ def test_sampler_with_one_z_shared_across_rows():
 
 
 def test_sampler_with_wrong_std():
-    res = check(B.sample_wrong_std, spec=B.SAMPLE_SPEC)
+    res = check(SAMPLE_WRONG["variance_not_std"], spec=SAMPLE, dtypes=[torch.float32])
     assert not res.ok
     assert "row variance test" in messages(res) and "x the target std" in messages(res)
 
 
 def test_sampler_without_a_target_uses_two_sample_tests():
-    spec = __import__("dataclasses").replace(B.SAMPLE_SPEC, target=None)
-    assert check(B.sample_ok, spec=spec).ok
-    assert "correlation test" in messages(check(B.sample_shared_z, spec=spec))
+    spec = dataclasses.replace(SAMPLE, target=None, dtypes=(torch.float32,))
+    assert check(spec.reference, spec=spec).ok
+    assert "correlation test" in messages(check(SAMPLE_WRONG["shared_z"], spec=spec))
 
 
 def test_random_op_must_follow_the_seed():
-    def unseeded(mu, sigma, n):
-        g = torch.Generator().manual_seed(int.from_bytes(__import__("os").urandom(4), "little"))
-        return mu[:, None] + sigma[:, None] * torch.randn(mu.shape[0], n, generator=g)
-
-    def frozen(mu, sigma, n):
-        g = torch.Generator().manual_seed(0)
-        return mu[:, None] + sigma[:, None] * torch.randn(mu.shape[0], n, generator=g)
-
-    assert "not reproducible" in messages(check(unseeded, spec=B.SAMPLE_SPEC))
-    assert "identical samples" in messages(check(frozen, spec=B.SAMPLE_SPEC))
+    assert "not reproducible" in messages(check(SAMPLE_WRONG["ignores_seed"], spec=SAMPLE, dtypes=[torch.float32]))
+    assert "identical samples" in messages(check(SAMPLE_WRONG["offset_not_advanced"], spec=SAMPLE,
+                                                 dtypes=[torch.float32]))
 
 
 def test_inputs_are_fresh_seeded_and_strided():
@@ -141,17 +145,17 @@ def test_inputs_are_fresh_seeded_and_strided():
 
     def spy(a, b, *, out=None):
         seen.append((a.clone(), a.is_contiguous(), out is not None))
-        return B.add_ok(a, b, out=out)
+        return ADD.reference(a, b, out=out)
 
-    check(spy, spec=B.ADD_SPEC, dtypes=[torch.float32], shapes=[(1023,)], trials=4, contract=False)
+    check(spy, spec=ADD, dtypes=[torch.float32], shapes=[(1023,)], trials=4, contract=False, gradcheck=False)
     values = [s[0] for s in seen]
     assert len(values) == 4 and all(bool(v.ne(0).all()) for v in values)
     assert all(not torch.equal(values[i], values[j]) for i in range(4) for j in range(i))
     assert [s[1] for s in seen] == [True, False, True, False]  # contiguous, strided, ...
-    assert [s[2] for s in seen] == [False, False, True, True]  # returned, then out=
+    assert [s[2] for s in seen] == [False, True, True, False]  # any two trials: returned and out=
     again = []
-    check(lambda a, b, *, out=None: again.append(a.clone()) or B.add_ok(a, b, out=out), spec=B.ADD_SPEC,
-          dtypes=[torch.float32], shapes=[(1023,)], trials=4, contract=False)
+    check(lambda a, b, *, out=None: again.append(a.clone()) or ADD.reference(a, b, out=out), spec=ADD,
+          dtypes=[torch.float32], shapes=[(1023,)], trials=4, contract=False, gradcheck=False)
     assert all(torch.equal(x, y) for x, y in zip(values, again))  # same seed, same inputs
 
 
@@ -170,19 +174,108 @@ def test_inputs_the_reference_rejects_must_be_rejected():
         return a + b
 
     lenient = lambda a, b: a + b  # noqa: E731
-    assert check(picky, picky, inputs=B.randn_args(2), dtypes=[torch.float32]).ok
-    res = check(lenient, picky, inputs=B.randn_args(2), dtypes=[torch.float32])
+    assert check(picky, picky, inputs=elementwise_inputs(2), dtypes=[torch.float32]).ok
+    res = check(lenient, picky, inputs=elementwise_inputs(2), dtypes=[torch.float32])
     assert {c.shape for c in res.failures} == {(7,)}
     assert "the reference raised ValueError (no sevens) but the op returned a value" in messages(res)
 
 
+# ------------------------------------------------------------------------------------ no vacuous pass
+
+@pytest.mark.parametrize("trials", [0, -1, 1.5, True])
+def test_trials_below_one_are_refused(trials):
+    with pytest.raises(ValueError, match=f"check: trials: expected an integer >= 1, got {trials!r}"):
+        check(torch.sigmoid, torch.sigmoid, inputs=elementwise_inputs(1), trials=trials)
+
+
+def test_empty_dtypes_and_shapes_are_refused():
+    with pytest.raises(ValueError, match="check: dtypes: expected at least one, got an empty list$"):
+        check(torch.sigmoid, torch.sigmoid, inputs=elementwise_inputs(1), dtypes=[])
+    with pytest.raises(ValueError, match="check: shapes: expected at least one, got an empty list$"):
+        check(torch.sigmoid, torch.sigmoid, inputs=elementwise_inputs(1), shapes=[])
+    with pytest.raises(ValueError, match="check: dtypes: expected at least one"):  # given values: no default either
+        check(torch.sigmoid, torch.sigmoid, inputs=(torch.randn(5),), dtypes=[])
+    shapeless = dataclasses.replace(SIG, shapes=())
+    with pytest.raises(ValueError, match=r"check: shapes: expected at least one, got an empty list \(the spec "
+                                         r"'sigmoid' lists none\)$"):
+        check(SIG.reference, spec=shapeless)
+    cpu_less = dataclasses.replace(SIG, device_dtypes={"cpu": ()})
+    with pytest.raises(ValueError, match=r"check: dtypes: .*\(the spec 'sigmoid' lists none for this device\)$"):
+        check(SIG.reference, spec=cpu_less, device="cpu")
+
+
+def test_only_empty_tensors_is_nothing_checked_not_ok():
+    res = check(SIG.reference, spec=SIG, shapes=[(0,), (3, 0, 5)], gradcheck=False)
+    assert not res.failures and res.compared == 0
+    assert res.status == "nothing checked" and not res.ok
+    assert "NOTHING CHECKED" in res.summary() and "no output value was compared" in res.message()
+    assert res.to_dict()["status"] == "nothing checked" and res.to_dict()["ok"] is False
+    with pytest.raises(CheckError, match="NOTHING CHECKED"):
+        res.raise_for_status()
+    mixed = check(SIG.reference, spec=SIG, shapes=[(0,), (7,)], dtypes=[torch.float32], gradcheck=False)
+    assert mixed.ok and mixed.compared == 7 * 5  # one non-empty shape is enough: 5 trials of 7 values
+
+
+def test_inputs_both_reject_everywhere_is_nothing_checked():
+    def refuse(_x):
+        raise ValueError("x: no")
+
+    res = check(refuse, refuse, inputs=elementwise_inputs(1), dtypes=[torch.float32], shapes=[(4,)])
+    assert res.status == "nothing checked" and not res.ok
+
+
+def _rejecting(error):
+    """An op that rejects 7-element inputs with ``error``, and adds one elsewhere."""
+    def op(x):
+        if x.numel() == 7:
+            raise error
+        return x + 1
+    return op
+
+
+@pytest.mark.parametrize("ref_error, op_error, verdict", [
+    (ValueError("r"), ValueError("o"), "both rejected these inputs (ValueError)"),
+    (RuntimeError("r"), RuntimeError("o"), "both rejected these inputs (RuntimeError)"),
+    (ValueError("r"), TypeError("o"), "the reference rejected these inputs with ValueError (r) but the op raised "
+                                      "TypeError (o): both must raise the same kind of argument error"),
+    (RuntimeError("r"), NotImplementedError("o"), "but the op raised NotImplementedError"),
+    (AttributeError("'Tensor' object has no attribute 'sigmoud'"), RuntimeError("o"),
+     "the reference raised AttributeError ('Tensor' object has no attribute 'sigmoud'): not an argument error"),
+    (NameError("sigmoud"), NameError("sigmoud"), "the reference raised NameError (sigmoud): not an argument error"),
+])
+def test_both_raised_passes_only_for_the_same_argument_error(ref_error, op_error, verdict):
+    res = check(_rejecting(op_error), _rejecting(ref_error), inputs=elementwise_inputs(1), dtypes=[torch.float32],
+                shapes=[(7,), (5,)], trials=1)
+    rejected = [c for c in res.cases if c.shape == (7,)]
+    assert any(verdict in m for c in rejected for m in c.messages), res.message()
+    assert res.ok == verdict.startswith("both rejected")
+
+
+@pytest.mark.parametrize("inputs, hint", [
+    ([(torch.randn(3), torch.randn(3)), (torch.randn(4), torch.randn(4))], "got list; several argument tuples"),
+    (torch.randn(3), "got Tensor; one tensor argument x: inputs=\\(x,\\)"),
+    ({"a": torch.randn(3)}, "got dict"),
+])
+def test_unsupported_inputs_forms_are_refused(inputs, hint):
+    with pytest.raises(TypeError, match="check: inputs: expected a tuple of the op's positional arguments or a "
+                                        "make_inputs.* callable, " + hint):
+        check(torch.add, torch.add, inputs=inputs)
+
+
+def test_check_command_refuses_zero_trials(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["check", "sigmoid", "--trials", "0"])
+    assert exit_.value.code == 2
+    assert "--trials: expected an integer >= 1, got '0': fewer than one trial checks nothing" in capsys.readouterr().err
+
+
 def test_repr_and_html():
-    bad = check(B.add_skip_last, spec=B.ADD_SPEC)
+    bad = check(ADD_WRONG["skip_last"], spec=ADD, dtypes=F32_64)
     text = repr(bad)
     assert "FAIL" in text and "max abs" in text and "index (6,)" in text
     html = bad._repr_html_()
     assert "<table>" in html and "FAIL" in html
-    good = check(B.add_ok, spec=B.ADD_SPEC)
+    good = check(ADD.reference, spec=ADD, dtypes=F32_64)
     assert "ok" in repr(good) and "index" not in repr(good)
     assert good.to_dict()["ok"] is True
 
@@ -208,7 +301,7 @@ def test_one_resolver_for_card_names_specs_and_callables():
     assert resolve(torch.add, device="cpu").device == torch.device("cpu")
     with pytest.raises(TypeError, match="a card name, a kernelkit.Spec or a callable"):
         resolve(42)
-    nowhere = kernelkit.Spec(name="nowhere", reference=torch.add, make_inputs=B.randn_args(2), op=torch.add,
+    nowhere = kernelkit.Spec(name="nowhere", reference=torch.add, make_inputs=elementwise_inputs(2), op=torch.add,
                              devices=())
     with pytest.raises(KernelkitError, match="implemented for"):
         resolve(nowhere)
@@ -221,7 +314,7 @@ def _twice(name, fake=lambda x: x.new_empty(x.shape), impl=lambda x: x * 2, back
     op = torch.library.custom_op(f"kk_test_check::{name}", mutates_args=())(impl)
     op.register_fake(fake)
     if backward:
-        op.register_autograd(lambda ctx, grad: grad * 2)
+        op.register_autograd(lambda _ctx, grad: grad * 2)
     return op
 
 
@@ -236,9 +329,9 @@ def _twice_refusing_grad(x: torch.Tensor) -> torch.Tensor:
 twice_ok = _twice("twice_ok", impl=_twice_impl)
 twice_bad_fake = _twice("twice_bad_fake", fake=lambda x: x.new_empty(x.numel() + 1), impl=_twice_impl)
 twice_no_backward = _twice("twice_no_backward", impl=_twice_impl, backward=False)
-TWICE = kernelkit.Spec(name="twice", reference=lambda x: x * 2, make_inputs=B.randn_args(1), grad_inputs=(0,),
+TWICE = kernelkit.Spec(name="twice", reference=lambda x: x * 2, make_inputs=elementwise_inputs(1), grad_inputs=(0,),
                        dtypes=(torch.float32, torch.float64), shapes=((7,), (33, 5)))
-TWICE_NO_GRAD = __import__("dataclasses").replace(TWICE, grad_inputs=())
+TWICE_NO_GRAD = dataclasses.replace(TWICE, grad_inputs=())
 
 
 def twice_validating(x):
@@ -308,22 +401,22 @@ def test_a_compiled_card_without_fake_kernel():
 
 @pytest.mark.gpu
 def test_gpu_off_by_one_reads_poisoned_memory():
-    res = check(B.add_skip_last, spec=B.ADD_SPEC, device="cuda")
+    res = check(ADD_WRONG["skip_last"], spec=ADD, device="cuda")
     assert not res.ok and "at index (1022,)" in messages(res)
-    assert check(B.add_ok, spec=B.ADD_SPEC, device="cuda").ok
+    assert check(ADD.reference, spec=ADD, device="cuda").ok
 
 
 @pytest.mark.gpu
 def test_gpu_shared_z_sampler():
-    assert "correlation test: rows" in messages(check(B.sample_shared_z, spec=B.SAMPLE_SPEC, device="cuda"))
-    assert check(B.sample_ok, spec=B.SAMPLE_SPEC, device="cuda").ok
+    assert "correlation test: rows" in messages(check(SAMPLE_WRONG["shared_z"], spec=SAMPLE, device="cuda"))
+    assert check(SAMPLE.reference, spec=SAMPLE, device="cuda").ok
 
 
 @pytest.mark.gpu
 @pytest.mark.slow
 def test_gpu_large_tensor_over_2_31_elements(big_gpu_memory):
     big_gpu_memory(40 << 30)
-    res = check(torch.add, torch.add, inputs=B.randn_args(2), shapes=[(7,)], dtypes=[torch.float16], large=True,
+    res = check(torch.add, torch.add, inputs=elementwise_inputs(2), shapes=[(7,)], dtypes=[torch.float16], large=True,
                 device="cuda", trials=1)
     assert res.ok, res.message()
     assert ((1 << 31) + 1,) in [c.shape for c in res.cases]

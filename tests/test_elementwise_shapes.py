@@ -4,16 +4,16 @@ sizes that every tile divides (the unmasked kernel), against the references (CPU
 CUDA under `gpu`)."""
 import pytest
 import torch
+from ops_helpers import assert_close, lib
 
-from kernelkit.kernels import ddpm_step as kd  # the card module: its public ddpm_step
 from kernelkit import ops
+from kernelkit.kernels import ddpm_step as kd  # the card module: its public ddpm_step
 from kernelkit.reference.ddpm_step import DDPMScheduler
 from kernelkit.reference.ddpm_step import ddpm_step as ref_ddpm
 from kernelkit.reference.elementwise_mul import elementwise_mul as ref_mul
 from kernelkit.reference.sigmoid import sigmoid as ref_sigmoid
 from kernelkit.reference.sigmoid import sigmoid_backward as ref_sigmoid_backward
 from kernelkit.reference.vector_add import vector_add as ref_add
-from ops_helpers import assert_close, lib
 
 MIB = 1 << 20
 

@@ -1,4 +1,7 @@
 """kernelkit.ops resolves ops by card name with automatic binding; kernelkit.cardkit's spec helpers."""
+import pickle
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -9,7 +12,7 @@ from kernelkit.jit import registry
 
 def test_unknown_op_names_the_search_path():
     with pytest.raises(AttributeError, match="no op 'no_such_card_xyz'.*search path"):
-        ops.no_such_card_xyz
+        _ = ops.no_such_card_xyz
     assert not hasattr(ops, "_private_thing")
 
 
@@ -19,7 +22,27 @@ def test_candidates_are_the_name_then_its_prefixes():
 
 
 def test_written_wrappers_win():
+    """A card's own Python function (kernels/vector_add.py's vector_add), found by name as kernelkit.ops.<op>."""
     assert ops.vector_add.__module__ == "kernelkit.ops" and "alpha" in ops.vector_add.__doc__
+    card_fn = kernelkit.cards()["vector_add"].module().vector_add
+    assert ops.vector_add.__code__ is card_fn.__code__ and ops.vector_add.__kwdefaults__ == {"alpha": 1, "out": None}
+    assert "vector_add" not in ops.__all__ and "def vector_add" not in Path(ops.__file__).read_text()
+
+
+def test_a_users_card_function_is_its_op(tmp_path, monkeypatch):
+    """The same mechanism for a card on KERNELKIT_PATH: its Python function named like the op is
+    kernelkit.ops.<op> (here a pure-Python one: nothing is built), picklable by that name."""
+    (tmp_path / "kk_user_wrap.cpp").write_text("// the card's binding (not built by this test)\n")
+    (tmp_path / "kk_user_wrap.py").write_text('def kk_user_wrap(x, *, scale=2):\n    """x times scale."""\n'
+                                              "    return x * scale\n")
+    monkeypatch.setenv("KERNELKIT_PATH", str(tmp_path))
+    try:
+        fn = ops.kk_user_wrap
+        assert fn(3) == 6 and fn(3, scale=3) == 9 and fn.__doc__ == "x times scale."
+        assert fn.__module__ == "kernelkit.ops" and fn.__name__ == "kk_user_wrap"
+        assert pickle.loads(pickle.dumps(fn)) is fn
+    finally:
+        vars(ops).pop("kk_user_wrap", None)
 
 
 @pytest.mark.cuda_build
@@ -73,3 +96,21 @@ def test_fake_helpers_mirror_the_cpp_messages():
         cardkit.fake_binary("op", x, "a", x.double(), "b")
     with pytest.raises(RuntimeError, match=r"op: shapes of a \(2, 3\) and b \(4,\) cannot be broadcast"):
         cardkit.fake_binary("op", x, "a", torch.empty(4, device="meta"), "b")
+
+
+def test_wrong_twins_build_the_named_bugs():
+    twins = cardkit.wrong_twins(torch.neg, "skip_last", "skip_tail", "into_input")
+    assert sorted(twins) == ["into_input", "skip_last", "skip_tail"]
+    assert set(cardkit.wrong_twins(torch.neg)) == set(cardkit.GENERIC_BUGS)
+    x = torch.arange(1.0, 8.0)
+    out = torch.full((7,), float("nan"))
+    assert twins["skip_last"](x, out=out) is out
+    assert torch.equal(out[:6], -x[:6]) and out[6].isnan()
+    out.fill_(float("nan"))
+    twins["skip_tail"](x, out=out)  # vectors of 4: the 3-element tail is never written
+    assert torch.equal(out[:4], -x[:4]) and out[4:].isnan().all()
+    y = x.clone()
+    twins["into_input"](y)
+    assert torch.equal(y, -x)
+    with pytest.raises(ValueError, match="wrong_twins: bugs: expected names from skip_last, .*, got 'skip_first'"):
+        cardkit.wrong_twins(torch.neg, "skip_first")

@@ -1,11 +1,15 @@
-"""kernelkit.ops.sigmoid: stable forward, fused backward from the output (CPU on CI, CUDA under `gpu`)."""
+"""kernelkit.ops.sigmoid: stable forward, fused backward from the output (CPU on CI, CUDA under `gpu`).
+
+What every card gets (values over the spec's shapes, dtypes and strided views, gradients, opcheck, torch.compile,
+CUDA graphs) is the shared battery of tests/test_cards.py; here only what is specific to the op.
+"""
 import pytest
 import torch
+from ops_helpers import DEVICES, FLOAT_DTYPES, assert_close, lib, misaligned
 
 from kernelkit import ops
 from kernelkit.reference.sigmoid import sigmoid as ref
 from kernelkit.reference.sigmoid import sigmoid_backward as ref_backward
-from ops_helpers import DEVICES, FLOAT_DTYPES, assert_close, lib, misaligned, noncontig
 
 CARD = "sigmoid"
 
@@ -16,17 +20,10 @@ def spec():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
-def test_matches_reference_and_torch(device, dtype):
-    g = torch.Generator().manual_seed(2)
-    for shape in spec().shapes:
-        (x,) = spec().make_inputs(shape, dtype=dtype, device=device, generator=g)
-        y = ops.sigmoid(x)
-        assert_close(y, ref(x), spec())
-        assert_close(y, torch.sigmoid(x), spec())
-        assert_close(ops.sigmoid(noncontig(x)), ref(x), spec())
-        assert_close(ops.sigmoid(misaligned(x)), ref(x), spec())
-        gr = torch.randn(shape, device=device).to(dtype)
-        assert_close(ops.sigmoid_backward(gr, y), ref_backward(gr, y), spec())
+def test_misaligned_input(device, dtype):
+    """A data pointer off the vector width (the scalar path; the shared battery's buffers are aligned)."""
+    (x,) = spec().make_inputs((4097,), dtype=dtype, device=device, generator=torch.Generator().manual_seed(2))
+    assert_close(ops.sigmoid(misaligned(x)), ref(x), spec())
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -101,10 +98,9 @@ def test_bad_inputs(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_opcheck(device):
-    x = torch.randn(5, 7, dtype=torch.float64, device=device, requires_grad=True)
-    torch.library.opcheck(lib(CARD).ops.sigmoid.default, (x,))
-    torch.library.opcheck(lib(CARD).ops.sigmoid.default, (x.detach().bfloat16(),))
+def test_opcheck_backward_op(device):
+    """sigmoid_backward (the shared battery's opcheck reaches only the forward op)."""
+    x = torch.randn(5, 7, dtype=torch.float64, device=device)
     g = torch.randn(5, 7, dtype=torch.float64, device=device, requires_grad=True)
     torch.library.opcheck(lib(CARD).ops.sigmoid_backward.default, (g, torch.sigmoid(x).detach()))
 

@@ -38,9 +38,12 @@ def parse_size(text: str) -> Tuple[int, ...]:
 
 
 def _sizes(values: Optional[List[str]]) -> Optional[List[Tuple[int, ...]]]:
-    if not values:
+    if values is None:
         return None
-    return [parse_size(t) for v in values for t in v.split(",") if t]
+    sizes = [parse_size(t) for v in values for t in v.split(",") if t.strip()]
+    if not sizes:  # an empty sweep would print an empty table
+        raise UsageError(f"--sizes: expected at least one size (e.g. 4096, 2**20, 100x1024), got {' '.join(values)!r}")
+    return sizes
 
 
 def _dtype(text: str):
@@ -50,6 +53,17 @@ def _dtype(text: str):
         return getattr(torch, _DTYPES[text.lower()])
     except KeyError:
         raise argparse.ArgumentTypeError(f"unknown dtype {text!r}: one of {', '.join(_DTYPES)}") from None
+
+
+def _trials(text: str) -> int:
+    """--trials: an integer >= 1 (zero trials would check nothing and pass)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}: fewer than one trial checks nothing")
+    return value
 
 
 def _device(text: str) -> str:
@@ -123,7 +137,7 @@ def cmd_check(args) -> int:
     from ..harness.check import check
 
     status = 0
-    for name, spec, op, device in _targets(args):
+    for _name, spec, op, device in _targets(args):
         if spec is None:
             status = 1
             continue
@@ -138,11 +152,12 @@ def cmd_bench(args) -> int:
     from ..harness.bench import bench, write_csv
 
     results, status = [], 0
-    for name, spec, op, device in _targets(args):
+    sizes = _sizes(args.sizes)  # a bad --sizes fails before any card is built
+    for _name, spec, op, device in _targets(args):
         if spec is None:
             status = 1
             continue
-        res = bench(op, spec=spec, device=device, sizes=_sizes(args.sizes), dtype=args.dtype and args.dtype[0],
+        res = bench(op, spec=spec, device=device, sizes=sizes, dtype=args.dtype and args.dtype[0],
                     compile=args.compile, graph=args.graph, budget_ms=args.budget_ms, copy_floor=args.copy_floor)
         print(repr(res) + "\n")
         results.append(res)
@@ -192,7 +207,7 @@ def register(sub) -> None:
     _common(c)
     c.add_argument("--device", type=_device, help="cpu, cuda or cuda:N (default: cuda when available and implemented)")
     c.add_argument("--dtype", type=_dtype, action="append", help="dtype to check (repeatable; default: the spec's)")
-    c.add_argument("--trials", type=int, default=5)
+    c.add_argument("--trials", type=_trials, default=5)
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--large", action="store_true", help="also check > 2**31-element shapes (GPU memory!)")
     c.add_argument("--no-contract", action="store_true",
@@ -213,7 +228,7 @@ def register(sub) -> None:
     _common(r)
     _timing(r)
     r.add_argument("--out", default="kernelkit-report", help="report directory (default: ./kernelkit-report)")
-    r.add_argument("--trials", type=int, default=5)
+    r.add_argument("--trials", type=_trials, default=5)
     r.add_argument("--arch", help="CUDA archs to build for (default: the GPU's; without one, the loader's default)")
     r.add_argument("--no-check", action="store_true")
     r.add_argument("--no-bench", action="store_true")

@@ -174,21 +174,25 @@ KERNELKIT_LIBRARY(m) {
 _SPEC_PY = """\
 \"\"\"$name card: spec and PyTorch reference (written by kernelkit new). Lines marked EDIT are yours.\"\"\"
 import kernelkit
+from kernelkit import cardkit
 
 
 def reference($params):
     return $reference  # EDIT: the op in PyTorch, for check and bench
 
 
-SPEC = kernelkit.Spec(name="$name", reference=reference, make_inputs=kernelkit.elementwise_inputs($n_inputs),
+SPEC = kernelkit.Spec(name="$name", reference=reference, make_inputs=cardkit.elementwise_inputs($n_inputs),
                       grad_inputs=$grad_inputs)  # EDIT: shapes=, bench_sizes=, tolerances=, ... (kernelkit.Spec)
 
 
 def setup(lib):  # fake kernels (output shapes for torch.compile)
     $fakes
+
+
+WRONG = {}  # EDIT: buggy versions check must reject, e.g. cardkit.wrong_twins(reference) (kernelkit.cardkit)
 """
 
-_CUSTOM_FAKE = "torch.library.register_fake(lib.qualname(\"$name\"))(lambda x: kernelkit.fake_unary(\"$name\", x))"
+_CUSTOM_FAKE = "torch.library.register_fake(lib.qualname(\"$name\"))(lambda x: cardkit.fake_unary(\"$name\", x))"
 
 _TEST_PY = """\
 \"\"\"Tests of the $name card (written by kernelkit new): kernelkit's checker (fresh random inputs against the
@@ -242,12 +246,12 @@ def card_files(name: str, kind: str = "unary", backward: bool = False) -> Dict[s
         if not backward:
             parts["backward_reg"] = Template(_UNARY_NO_BACKWARD["backward_reg"]).substitute(subs)
         cu, h = Template(_UNARY_CU).substitute(subs, **parts), Template(_UNARY_H).substitute(subs, **parts)
-        fakes = f'kernelkit.register_elementwise_fakes(lib, "{name}"' + (f', "{name}_backward")' if backward else ")")
+        fakes = f'cardkit.register_elementwise_fakes(lib, "{name}"' + (f', "{name}_backward")' if backward else ")")
         spec = dict(params="x", reference="x * x", n_inputs=1, grad_inputs="(0,)" if backward else "()", fakes=fakes)
     elif kind == "binary":
         cu, h = Template(_BINARY_CU).substitute(subs), Template(_BINARY_H).substitute(subs)
         spec = dict(params="a, b", reference="a + 2 * b", n_inputs=2, grad_inputs="()",
-                    fakes=f'kernelkit.register_elementwise_fakes(lib, "{name}")')
+                    fakes=f'cardkit.register_elementwise_fakes(lib, "{name}")')
     else:
         cu, h = Template(_CUSTOM_CU).substitute(subs), Template(_CUSTOM_H).substitute(subs)
         spec = dict(params="x", reference="2 * x", n_inputs=1, grad_inputs="()",

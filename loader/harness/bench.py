@@ -21,7 +21,7 @@ import torch
 
 from . import report
 from .bandwidth import copy_contender, device_bandwidth, device_name, tensor_bytes
-from .spec import Spec
+from .spec import Spec, check_inputs_arg
 from .target import default_device, resolve
 from .timing import Ratio, host_overhead_us, paired_ratio, time_together
 
@@ -199,13 +199,31 @@ def _many_recompiles():
         yield
 
 
-def _make_inputs(spec: Spec, inputs) -> Callable[..., tuple]:
-    if inputs is None:
-        return spec.make_inputs
-    if callable(inputs):
-        return inputs
-    given = tuple(inputs)
-    return lambda shape, dtype=None, device=None, generator=None: given  # noqa: ARG005
+def _inputs_and_sizes(spec: Optional[Spec], inputs, sizes, max_numel: Optional[int]):
+    """(make_inputs, sizes to time): ``inputs`` (given values time at their own size), else the spec's."""
+    if spec is None and inputs is None:
+        raise TypeError("bench: give inputs= (a tuple of args or a make_inputs callable) or a spec")
+    check_inputs_arg(inputs, "bench")
+    if isinstance(inputs, tuple):
+        first = next((a for a in inputs if isinstance(a, torch.Tensor)), None)
+        sizes = [tuple(first.shape) if first is not None else ()]
+        return (lambda *_shape_dtype_device_generator, **_: inputs), _sweep(sizes, spec, max_numel)
+    return inputs if inputs is not None else spec.make_inputs, _sweep(sizes, spec, max_numel)
+
+
+def _sweep(sizes, spec: Optional[Spec], max_numel: Optional[int]) -> List[Tuple[int, ...]]:
+    """The sizes to time (``sizes``, else the spec's bench_sizes); a sweep with nothing to time is a
+    ValueError, not an empty table."""
+    if sizes is None and spec is None:
+        raise TypeError("bench: no sizes (give sizes=, inputs=, or a spec with bench_sizes)")
+    sizes = [tuple(s) for s in (sizes if sizes is not None else spec.bench_sizes)]
+    if not sizes:
+        source = "" if spec is None else f" (the spec {spec.name!r} lists no bench_sizes)"
+        raise ValueError(f"bench: sizes: expected at least one size, got an empty list{source}")
+    if max_numel is not None and all(math.prod(s) > max_numel for s in sizes):
+        raise ValueError(f"bench: max_numel={max_numel} skips every size ({', '.join(map(report.fmt_shape, sizes))}): "
+                         "nothing would be timed")
+    return sizes
 
 
 def bench(target: BenchTarget = None, inputs=None, *, spec: Optional[Spec] = None, reference: Optional[Callable] = None,
@@ -226,7 +244,8 @@ def bench(target: BenchTarget = None, inputs=None, *, spec: Optional[Spec] = Non
     ``copy_floor=True`` adds a measured floor, the contender "copy": a device copy moving the same bytes
     (half read, half written), timed in the same rounds. At sizes where launch and memory latency rule,
     bytes/bandwidth says nothing; a copy shows what any kernel moving those bytes takes. A card name is
-    searched in ``kernels_dir`` (default: KERNELKIT_PATH + the built-in cards).
+    searched in ``kernels_dir`` (default: KERNELKIT_PATH + the built-in cards). Nothing to time (``sizes=[]``,
+    no bench_sizes, ``max_numel`` below every size) is a ValueError; ``inputs`` of another form a TypeError.
     """
     contenders, spec, device = _contenders(target, spec, kernels_dir, device)
     reference = reference if reference is not None else spec.reference if spec is not None else None
@@ -238,15 +257,7 @@ def bench(target: BenchTarget = None, inputs=None, *, spec: Optional[Spec] = Non
         compile = on_gpu
     if compile and reference is not None and "torch.compile" not in contenders:
         contenders["torch.compile"] = torch.compile(reference, dynamic=False)
-    if spec is None and inputs is None:
-        raise TypeError("bench: give inputs= (a tuple of args or a make_inputs callable) or a spec")
-    make = _make_inputs(spec, inputs)
-    if inputs is not None and not callable(inputs):
-        first = next((a for a in inputs if isinstance(a, torch.Tensor)), None)
-        sizes = [tuple(first.shape) if first is not None else ()]
-    sizes = [tuple(s) for s in (sizes if sizes is not None else spec.bench_sizes if spec is not None else [])]
-    if not sizes:
-        raise TypeError("bench: no sizes (give sizes=, inputs=, or a spec with bench_sizes)")
+    make, sizes = _inputs_and_sizes(spec, inputs, sizes, max_numel)
     name = spec.name if spec is not None else next(iter(contenders))
     timer = ("cuda-graph" if graph else "cuda-events") if on_gpu else "host"
     bw = device_bandwidth(device) if floor else None

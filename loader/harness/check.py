@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import numbers
 import time
 from typing import Callable, Optional, Sequence, Tuple, Union
 
@@ -24,7 +25,7 @@ from . import contract as _contract
 from .compare import check_meta, clone, compare, flat_outputs, map_tensors, upcast
 from .guard import Guarded, bits, index, poison_allocator
 from .results import Case, CheckResult
-from .spec import Spec
+from .spec import Spec, check_inputs_arg
 from .stats import test_samples
 from .target import resolve
 
@@ -111,6 +112,7 @@ def _run_values(plan: _Plan, case: Case, args: tuple, use_out: bool) -> None:
                 test_samples(case, r, args, spec, e)
         else:
             compare(case, name, r, e, exps64[k] if exps64 else None, rtol, atol, plan.limit)
+        case.compared += e.numel() if isinstance(e, torch.Tensor) else 1
     returned = flat_outputs(got)[0] if use_out and got is not None and not spec.random else None
     if isinstance(returned, torch.Tensor) and returned.numel() and returned.data_ptr() == results[0].data_ptr():
         returned = None  # the out= tensor itself, compared above
@@ -118,16 +120,44 @@ def _run_values(plan: _Plan, case: Case, args: tuple, use_out: bool) -> None:
         compare(case, "returned value", returned, exps[0], None, rtol, atol, 1)
 
 
+#: what torch raises for bad arguments (TORCH_CHECK -> RuntimeError, TORCH_CHECK_VALUE/_TYPE/_INDEX -> ValueError,
+#: TypeError, IndexError): an op and its reference that both reject inputs must raise the same one of these
+ARGUMENT_ERRORS = (ValueError, TypeError, IndexError, RuntimeError)
+#: subclasses of those that are failures, not a rejection of the arguments (a missing kernel, a CUDA fault, ...)
+NOT_ARGUMENT_ERRORS = tuple(getattr(torch, n) for n in ("OutOfMemoryError", "AcceleratorError") if hasattr(torch, n)) \
+    + (NotImplementedError, RecursionError)
+
+
+def argument_error_kind(e: BaseException) -> Optional[type]:
+    """The argument-error family (one of :data:`ARGUMENT_ERRORS`) ``e`` belongs to, or None when it is not an
+    argument error (AttributeError, NameError, ImportError, KeyError, AssertionError, ...: bugs, not rejections)."""
+    if isinstance(e, NOT_ARGUMENT_ERRORS):
+        return None
+    return next((kind for kind in ARGUMENT_ERRORS if isinstance(e, kind)), None)
+
+
+def _error_text(e: BaseException) -> str:
+    return f"{type(e).__name__} ({str(e).strip()[:200]})"
+
+
 def _expect_error(plan: _Plan, case: Case, args: tuple, ref_error: Exception) -> None:
+    """The reference rejected these inputs: the op must reject them too, with the same kind of argument error."""
+    kind = argument_error_kind(ref_error)
+    if kind is None:
+        return case.fail(f"the reference raised {_error_text(ref_error)}: not an argument error "
+                         f"({', '.join(k.__name__ for k in ARGUMENT_ERRORS)}), so a bug in the reference or in the "
+                         f"spec's inputs, not a rejection of these inputs")
     try:
         plan.op(*args)
         _sync(plan.device)
-    except Exception:  # noqa: BLE001 - rejected like the reference: right
-        case.messages.append(f"op and reference both raised (reference: {type(ref_error).__name__})")
-        return
-    case.fail(f"the reference raised {type(ref_error).__name__} ({str(ref_error).strip()[:200]}) but the op "
-              f"returned a value: either the op must reject these inputs too, or the reference (or the spec's "
-              f"shapes) must handle them")
+    except Exception as e:  # noqa: BLE001 - compared with the reference's error below
+        if argument_error_kind(e) is kind:
+            case.messages.append(f"op and reference both rejected these inputs ({kind.__name__})")
+            return
+        return case.fail(f"the reference rejected these inputs with {_error_text(ref_error)} but the op raised "
+                         f"{_error_text(e)}: both must raise the same kind of argument error")
+    case.fail(f"the reference raised {_error_text(ref_error)} but the op returned a value: either the op must reject "
+              f"these inputs too, or the reference (or the spec's shapes) must handle them")
 
 
 def _run_seeding(plan: _Plan, case: Case, args: tuple) -> None:
@@ -191,7 +221,7 @@ def _run_backward(plan: _Plan, case: Case, args: tuple, grad_inputs: Sequence[in
 
 # ----------------------------------------------------------------------------------------------- check
 
-InputsArg = Union[None, tuple, list, Callable[..., tuple]]
+InputsArg = Union[None, tuple, Callable[..., tuple]]
 
 
 def _resolve(op, reference, spec: Optional[Spec], inputs: InputsArg, kernels_dir, device):
@@ -203,7 +233,8 @@ def _resolve(op, reference, spec: Optional[Spec], inputs: InputsArg, kernels_dir
     reference = reference if reference is not None else spec.reference if spec is not None else None
     if reference is None:
         raise TypeError("check: give a reference (or a spec/card name that has one)")
-    fixed = inputs is not None and not callable(inputs)
+    check_inputs_arg(inputs, "check")
+    fixed = isinstance(inputs, tuple)
     make = _fixed_inputs(tuple(inputs)) if fixed else inputs if callable(inputs) else \
         spec.make_inputs if spec is not None else None
     if make is None:
@@ -223,6 +254,36 @@ def _fixed_inputs(given: tuple) -> Callable[..., tuple]:
     return make
 
 
+def _check_arguments(trials, shapes, dtypes) -> None:
+    if isinstance(trials, bool) or not isinstance(trials, numbers.Integral) or trials < 1:
+        raise ValueError(f"check: trials: expected an integer >= 1, got {trials!r}")
+    for name, given in (("shapes", shapes), ("dtypes", dtypes)):
+        if given is not None:
+            _nonempty(name, given, ())
+
+
+def _sweep(spec: Spec, device, given: Optional[tuple], shapes, dtypes, trials: int):
+    """(shapes, dtypes, trials) to run: those asked for, else the spec's; for ``given`` input values, their own
+    shape and dtype, and at most 2 trials."""
+    if given is not None:
+        first = next((t for t in flat_outputs(given) if isinstance(t, torch.Tensor)), None)
+        shapes = [tuple(first.shape) if first is not None else ()]
+        dtypes = dtypes or [first.dtype if first is not None and first.is_floating_point() else None]
+        trials = min(trials, 2)
+    shapes = [tuple(s) for s in _nonempty("shapes", shapes, spec.shapes, spec.name)]
+    return shapes, _nonempty("dtypes", dtypes, spec.dtypes_for(device), spec.name), trials
+
+
+def _nonempty(name: str, given, default, spec_name: Optional[str] = None) -> list:
+    """``given`` (``default`` when None) as a list; an empty one is refused: a check over it compares nothing."""
+    values = list(given if given is not None else default)
+    if not values:
+        per_device = " for this device" if name == "dtypes" else ""
+        source = f" (the spec {spec_name!r} lists none{per_device})" if given is None and spec_name else ""
+        raise ValueError(f"check: {name}: expected at least one, got an empty list{source}")
+    return values
+
+
 def check(op, reference: Optional[Callable] = None, inputs: InputsArg = None, *, spec: Optional[Spec] = None,
           shapes: Optional[Sequence[Tuple[int, ...]]] = None, dtypes: Optional[Sequence[torch.dtype]] = None,
           device=None, trials: int = 5, seed: int = 0, rtol: Optional[float] = None, atol: Optional[float] = None,
@@ -231,10 +292,16 @@ def check(op, reference: Optional[Callable] = None, inputs: InputsArg = None, *,
           kernels_dir=None) -> CheckResult:
     """Check ``op`` against ``reference``.
 
-    ``op`` is a callable, a card name or a :class:`Spec`. Inputs come from ``inputs`` (a tuple of args, a
-    list of such tuples is not supported: use a callable), else ``spec.make_inputs``; ``shapes``,
-    ``dtypes`` and tolerances default to the spec's. Trials alternate contiguous and strided
-    (non-contiguous) inputs, and, where the spec names an ``out_arg``, returned vs ``out=`` outputs.
+    ``op`` is a callable, a card name or a :class:`Spec`. Inputs come from ``inputs`` (a tuple of args or a
+    ``make_inputs(shape, dtype=, device=, generator=)`` callable; anything else, a list of argument tuples
+    included, is a TypeError), else ``spec.make_inputs``; ``shapes``, ``dtypes`` and tolerances default to
+    the spec's. Trials alternate contiguous and strided (non-contiguous) inputs, and, where the spec names
+    an ``out_arg``, returned and ``out=`` outputs (trials 1 and 2 of every 4: any two see both of each).
+
+    Nothing vacuous passes: ``trials < 1`` and empty ``shapes``/``dtypes`` (given or the spec's) are a
+    ValueError; a result that compared no output value (every shape empty, every input rejected) has
+    ``status`` "nothing checked" and is not ``ok`` (``kernelkit check`` exits 1); inputs the reference
+    rejects pass only when the op raises the same kind of argument error (:func:`argument_error_kind`).
     ``large=True`` adds the spec's > 2**31-element shapes (one trial, contiguous). ``gradcheck`` defaults
     to "the spec has grad_inputs"; ``random`` to ``spec.random`` (statistical checks instead of equality).
     ``contract`` (default on) holds a torch custom op to its contract, once, on a small case of the first
@@ -242,19 +309,13 @@ def check(op, reference: Optional[Callable] = None, inputs: InputsArg = None, *,
     built-in cards).
     """
     t0 = time.perf_counter()
+    _check_arguments(trials, shapes, dtypes)  # before a card is built
     op, reference, spec, device, fixed = _resolve(op, reference, spec, inputs, kernels_dir, device)
     if random is not None:
         spec = dataclasses.replace(spec, random=random)
     plan = _Plan(op, reference, spec, device, rtol, atol, max_mismatches)
-    if fixed:
-        first = next((t for t in flat_outputs(tuple(inputs)) if isinstance(t, torch.Tensor)), None)
-        shapes = [tuple(first.shape) if first is not None else ()]
-        dtypes = dtypes or [first.dtype if first is not None and first.is_floating_point() else None]
-        trials = min(trials, 2)
-    shapes = [tuple(s) for s in (shapes if shapes is not None else spec.shapes)]
-    dtypes = list(dtypes if dtypes is not None else spec.dtypes_for(device))
+    shapes, dtypes, trials = _sweep(spec, device, inputs if fixed else None, shapes, dtypes, trials)
     result = CheckResult(spec.name, str(device), [])
-    layouts = ["contiguous", "strided"] if spec.noncontiguous else ["contiguous"]
 
     def new_case(kind, dtype, shape, layout, trial, case_seed=None) -> Case:
         if case_seed is None:
@@ -264,16 +325,9 @@ def check(op, reference: Optional[Callable] = None, inputs: InputsArg = None, *,
         return case
 
     for dtype in dtypes:
-        for shape in shapes:
-            for trial in range(trials):
-                layout = layouts[trial % len(layouts)]
-                use_out = spec.out_arg is not None and (trial // 2) % 2 == 1
-                case = new_case("stats" if spec.random else "values", dtype, shape,
-                                layout + (" out=" if use_out else ""), trial)
-                _run_values(plan, case, plan.inputs(shape, dtype, case.seed), use_out)
-                if _cuda_broken(case, device):
-                    result.notes.append("stopped after a CUDA error: the context is unusable")
-                    return _finish(result, t0, raise_on_fail)
+        if not _trials_of(plan, new_case, dtype, shapes, trials):
+            result.notes.append("stopped after a CUDA error: the context is unusable")
+            return _finish(result, t0, raise_on_fail)
         nonempty = [s for s in shapes if math.prod(s) > 0]
         if spec.random and nonempty:
             shape = next((s for s in nonempty if math.prod(s) > 1), nonempty[0])
@@ -288,8 +342,24 @@ def check(op, reference: Optional[Callable] = None, inputs: InputsArg = None, *,
         _contract.check(plan, new_case, contract_shape, dtypes[0], _case_seed(seed, "contract"))
     if large:
         _large(plan, result, new_case, dtypes, shapes)
-    _gradchecks(plan, result, new_case, shapes, dtypes, gradcheck)
+    _gradchecks(plan, result, new_case, shapes, gradcheck)
     return _finish(result, t0, raise_on_fail)
+
+
+def _trials_of(plan: _Plan, new_case, dtype, shapes, trials: int) -> bool:
+    """The value (or statistics) cases of one dtype; False when a CUDA error left the context unusable."""
+    spec = plan.spec
+    layouts = ["contiguous", "strided"] if spec.noncontiguous else ["contiguous"]
+    for shape in shapes:
+        for trial in range(trials):
+            layout = layouts[trial % len(layouts)]
+            use_out = spec.out_arg is not None and trial % 4 in (1, 2)
+            case = new_case("stats" if spec.random else "values", dtype, shape, layout + (" out=" if use_out else ""),
+                            trial)
+            _run_values(plan, case, plan.inputs(shape, dtype, case.seed), use_out)
+            if _cuda_broken(case, plan.device):
+                return False
+    return True
 
 
 def _small_shape(shapes) -> Optional[Tuple[int, ...]]:
@@ -298,7 +368,7 @@ def _small_shape(shapes) -> Optional[Tuple[int, ...]]:
     return next((s for s in nonempty if math.prod(s) > 1), nonempty[0] if nonempty else None)
 
 
-def _gradchecks(plan: _Plan, result: CheckResult, new_case, shapes, dtypes, gradcheck: Optional[bool]) -> None:
+def _gradchecks(plan: _Plan, result: CheckResult, new_case, shapes, gradcheck: Optional[bool]) -> None:
     spec = plan.spec
     grad_inputs = list(spec.grad_inputs)
     if gradcheck and not grad_inputs:  # asked for without a spec: every floating tensor arg

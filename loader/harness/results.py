@@ -36,6 +36,8 @@ class Case:
     max_abs64: Optional[float] = None
     max_rel64: Optional[float] = None
     min_p: Optional[float] = None
+    #: output values compared with the reference (elements; 1 per non-tensor output)
+    compared: int = 0
     messages: List[str] = dataclasses.field(default_factory=list)
     mismatches: List[Mismatch] = dataclasses.field(default_factory=list)
 
@@ -54,6 +56,11 @@ class Case:
         return d
 
 
+def _worst(cases: List[Case], attr: str, fn=max) -> str:
+    vals = [getattr(c, attr) for c in cases if getattr(c, attr) is not None]
+    return report.fmt_num(fn(vals)) if vals else "-"
+
+
 @dataclasses.dataclass
 class CheckResult:
     name: str
@@ -63,8 +70,22 @@ class CheckResult:
     notes: List[str] = dataclasses.field(default_factory=list)
 
     @property
+    def compared(self) -> int:
+        """Output values of the op compared with the reference's (values and statistics cases)."""
+        return sum(c.compared for c in self.cases)
+
+    @property
+    def status(self) -> str:
+        """"ok", "FAIL" (a case failed) or "nothing checked" (no case failed, but no output value was
+        compared: every shape empty, or every input rejected by both op and reference)."""
+        if self.failures:
+            return "FAIL"
+        return "ok" if self.compared else "nothing checked"
+
+    @property
     def ok(self) -> bool:
-        return all(c.ok for c in self.cases)
+        """True only when no case failed and at least one output value was compared."""
+        return self.status == "ok"
 
     @property
     def failures(self) -> List[Case]:
@@ -77,7 +98,8 @@ class CheckResult:
 
     def summary(self) -> str:
         n, bad = len(self.cases), len(self.failures)
-        verdict = "ok" if not bad else f"FAIL ({bad} of {n} cases)"
+        verdict = {"ok": "ok", "FAIL": f"FAIL ({bad} of {n} cases)",
+                   "nothing checked": "NOTHING CHECKED (0 output values compared)"}[self.status]
         return f"check {self.name} on {self.device}: {verdict}, {n} cases in {self.elapsed_s:.2f}s"
 
     HEADERS = ("check", "dtype", "cases", "shapes", "max abs", "max rel", "f64 abs", "f64 rel", "min p", "status")
@@ -88,13 +110,10 @@ class CheckResult:
             groups.setdefault((c.kind, dtype_name(c.dtype)), []).append(c)
         rows = []
         for (kind, dtype), cs in groups.items():
-            def worst(attr, fn=max):
-                vals = [getattr(c, attr) for c in cs if getattr(c, attr) is not None]
-                return report.fmt_num(fn(vals)) if vals else "-"
             bad = sum(not c.ok for c in cs)
             status = "ok" if not bad else f"FAIL {bad}/{len(cs)}"
-            rows.append([kind, dtype, len(cs), len({c.shape for c in cs}), worst("max_abs"), worst("max_rel"),
-                         worst("max_abs64"), worst("max_rel64"), worst("min_p", min), status])
+            rows.append([kind, dtype, len(cs), len({c.shape for c in cs}), _worst(cs, "max_abs"), _worst(cs, "max_rel"),
+                         _worst(cs, "max_abs64"), _worst(cs, "max_rel64"), _worst(cs, "min_p", min), status])
         return rows
 
     def details(self, max_cases: int = 3) -> str:
@@ -111,6 +130,9 @@ class CheckResult:
             lines += [f"    {m}" for m in c.messages]
         if len(self.failures) > len(shown):
             lines.append(f"... and {len(self.failures) - len(shown)} more failing cases")
+        if self.status == "nothing checked":
+            lines.append("- no output value was compared with the reference: every shape is empty, or the op and the "
+                         "reference rejected every input; give shapes with elements")
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
     def message(self) -> str:
@@ -125,6 +147,7 @@ class CheckResult:
         return report.html_table(self.HEADERS, self.rows(), title=self.summary(), details=details)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "device": self.device, "ok": self.ok, "elapsed_s": self.elapsed_s,
+        return {"name": self.name, "device": self.device, "ok": self.ok, "status": self.status,
+                "compared": self.compared, "elapsed_s": self.elapsed_s,
                 "notes": self.notes, "rows": [dict(zip(self.HEADERS, r)) for r in self.rows()],
                 "failures": [c.to_dict() for c in self.failures[:20]], "message": self.message()}

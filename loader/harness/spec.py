@@ -12,7 +12,6 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
-
 Shape = Tuple[int, ...]
 
 #: (rtol, atol) by dtype; a card may override any entry through ``Spec.tolerances``.
@@ -94,3 +93,15 @@ class Spec:
     def default_sources(self) -> Sequence[str]:
         return list(self.sources) if self.sources is not None else []
 
+
+
+def check_inputs_arg(inputs: Any, who: str) -> None:
+    """Refuse an ``inputs=`` of ``check``/``bench`` (named by ``who``) that is neither None, a tuple of the
+    op's positional arguments nor a ``make_inputs(shape, dtype=, device=, generator=)`` callable: a list of
+    argument tuples, say, would be passed to the op as its arguments and fail (or pass) for the wrong reason."""
+    if inputs is None or isinstance(inputs, tuple) or callable(inputs):
+        return
+    hint = "; several argument tuples: pass a callable that returns one tuple per call" if isinstance(inputs, list) \
+        else "; one tensor argument x: inputs=(x,)" if isinstance(inputs, torch.Tensor) else ""
+    raise TypeError(f"{who}: inputs: expected a tuple of the op's positional arguments or a make_inputs(shape, "
+                    f"dtype=, device=, generator=) callable, got {type(inputs).__name__}{hint}")
