@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -14,7 +15,9 @@ pytest.importorskip("cuda.bindings.nvrtc", reason="instant kernels need cuda-bin
 import kernelkit  # noqa: E402
 from kernelkit.errors import BuildError, KernelkitError  # noqa: E402
 from kernelkit.instant import launcher  # noqa: E402
-from kernelkit.instant.signature import declarations, kernel_signatures, parse_param
+from kernelkit.instant.signature import bind, check_expressions, declared, parse_param, scan, signature  # noqa: E402
+from kernelkit.jit import cache as kk_cache  # noqa: E402
+from kernelkit.jit import nvrtc  # noqa: E402
 
 SRC = textwrap.dedent("""\
     #include "offset.h"
@@ -66,10 +69,16 @@ def load(root, src=SRC, name="demo", **kw):
     ("float** table", "float**", "p", None),
     ("int data[]", "int*", "p", torch.int32),
     ("Params p", "Params", "?", None),
+    ("float& r", "float&", "?", None),
+    ("void (*fp)(int)", "void (*)(int)", "?", None),
 ])
 def test_parameters_are_read_with_their_types(raw, ctype, code, dtype):
     p = parse_param(raw, 0, {})
     assert (p.ctype, p.code, p.dtype) == (ctype, code, dtype)
+
+
+def _kernels(src):
+    return {k.name: k for k in scan(src).kernels}
 
 
 def test_declarations_templates_and_linkage():
@@ -80,22 +89,53 @@ def test_declarations_templates_and_linkage():
         }
         __global__ void cpp_linkage(void);
         __global__ void cpp_linkage(void) {}
+        namespace ns { namespace { __global__ void inner(const float* x, size_t n) {} } }
         """)
-    d = declarations(src)
-    assert set(d) == {"scale", "axpy", "in_block", "cpp_linkage"}
+    d = _kernels(src)
+    assert set(d) == {"scale", "axpy", "in_block", "cpp_linkage", "ns::inner"}  # anonymous namespaces qualify nothing
     assert d["scale"].extern_c and d["in_block"].extern_c and not d["cpp_linkage"].extern_c
     assert d["axpy"].template == (("typename", "T"), ("int", "UNROLL"))
-    sigs = kernel_signatures(src, ["axpy<double, 4>"])
-    assert "axpy" not in sigs  # a template is compiled only for the instantiations asked for
-    assert str(sigs["axpy<double, 4>"]) == "axpy<double, 4>(double* y, double* x, double a, long long n)"
-    assert [p.code for p in sigs["scale"].params] == ["p", "p", "f", "i"]
+    assert str(signature(d["axpy"], "axpy<double, 4>")) == "axpy<double, 4>(double* y, double* x, double a, long long n)"
+    assert [p.code for p in signature(d["scale"]).params] == ["p", "p", "f", "i"]
+    assert str(signature(d["ns::inner"])) == "ns::inner(float* x, size_t n)" and signature(d["cpp_linkage"]).params == ()
 
 
 def test_bad_declarations_are_named():
-    with pytest.raises(ValueError, match="declared twice"):
-        declarations("__global__ void k(int a) {}\n__global__ void k(float a) {}")
+    with pytest.raises(ValueError, match="declared with different parameters"):
+        declared(scan("__global__ void k(int a) {}\n__global__ void k(float a) {}").kernels, "k")
+    assert declared(scan("__global__ void k(int);\n__global__ void k(int a) {}").kernels, "k").params[0].name == "a"
     with pytest.raises(ValueError, match="names no __global__ function.*kernels: other, scale"):
-        kernel_signatures(SRC.replace("axpy", "other"), ["axpy<float>"])
+        check_expressions(scan(SRC.replace("axpy", "other")).kernels, ["axpy<float>"])
+
+
+def test_the_scan_sees_every_branch_and_no_macro_body():
+    """Which branch is compiled is NVRTC's to say (bind keeps what the cubin holds); a broken kernel inside
+    #if 0, a macro's body and CUDA attributes the grammar does not know break nothing."""
+    src = textwrap.dedent("""\
+        #define KERNEL(name) extern "C" __global__ void name(float* x, int n)
+        #if 0
+        __global__ void gone(int n) { this is not C++ ( }
+        #endif
+        KERNEL(foo) { x[0] = n; }
+        __global__ void __cluster_dims__(2, 1, 1) clustered(float* x) {}
+        __global__ __maxnreg__(32) void capped(double* y) {}
+        """)
+    d = _kernels(src)
+    assert set(d) == {"gone", "clustered", "capped"}  # not "name" nor "n": a macro's body is not code
+    assert str(signature(d["clustered"])) == "clustered(float* x)" and str(signature(d["capped"])) == "capped(double* y)"
+    sigs, symbols = bind(scan(src).kernels, [("foo", ""), ("_Z9clusteredPf", "clustered(float*)")], {})
+    assert set(sigs) == {"foo", "clustered"} and symbols["clustered"] == "_Z9clusteredPf"  # exactly the cubin's
+    assert not sigs["foo"].declared and sigs["clustered"].declared
+
+
+def test_scanning_is_linear():
+    body = "__global__ void k%d(const float* __restrict__ x, float* out, float a, int n) { out[0] = a * x[0]; }\n"
+    src = 'extern "C" {\n' + "".join(body % i for i in range(400)) + "}\n"
+    t0 = time.perf_counter()
+    kernels = scan(src).kernels
+    seconds = time.perf_counter() - t0
+    assert len(kernels) == 400 and all(k.extern_c for k in kernels)
+    assert seconds < 0.5, f"scanning 400 kernels took {seconds:.2f} s"  # the regex scan took 2.4 s
 
 
 # ---------------------------------------------------------------------------------------- compiling
@@ -120,12 +160,13 @@ def test_a_new_process_loads_from_the_cache(cache):
         t0 = time.perf_counter()
         mod = kernelkit.load_kernels({SRC!r}, "demo", arch="9.0", include_paths=[{str(cache)!r}],
                                      name_expressions=["axpy<float>", "axpy<double, 4>"])
-        print(mod.cached, time.perf_counter() - t0)
+        print(mod.cached, time.perf_counter() - t0, "tree_sitter" in __import__("sys").modules)
         """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, timeout=300)
     assert out.returncode == 0, out.stderr
-    cached, seconds = out.stdout.split()
+    cached, seconds, parser_loaded = out.stdout.split()
     assert cached == "True"
+    assert parser_loaded == "False"  # the source's scan is read from the cache: a warm start loads no parser
     print(f"warm load in a new process: {float(seconds) * 1e3:.1f} ms")
 
 
@@ -200,6 +241,162 @@ def test_launching_without_a_gpu_says_so(cache):
     mod = load(cache)
     with pytest.raises(KernelkitError, match="no CUDA device to launch on"):
         mod.scale[1, 32](torch.ones(4), torch.ones(4), 2.0, 4)
+
+
+# ------------------------------------------------------------------------------- what NVRTC reads
+KVAL_KERNEL = 'extern "C" __global__ void kval(int* out) { *out = KVAL; }\n'
+NEW_PROCESS = textwrap.dedent("""\
+    import json, sys, kernelkit
+    mod = kernelkit.load_kernels(sys.argv[1], "kval", arch="9.0", options=json.loads(sys.argv[2]))
+    print(json.dumps([mod.key, mod.cached]))
+    """)
+
+
+def _in_a_new_process(path, options):
+    out = subprocess.run([sys.executable, "-c", NEW_PROCESS, str(path), json.dumps(options)], capture_output=True,
+                         text=True, env=os.environ, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+@pytest.mark.cuda_build
+@pytest.mark.usefixtures("cache")
+@pytest.mark.parametrize("how", ["macro", "macro -D", "--pre-include=", "-include two tokens"])
+def test_headers_nvrtc_reads_are_keyed(tmp_path, monkeypatch, how):
+    """A header reached through a macro or forced in by the options: every edit gives a new key, in this
+    process and in a new one; an unchanged header is a cache hit (0 stale results)."""
+    monkeypatch.chdir(tmp_path)  # where NVRTC looked for such headers itself before they were hashed
+    header, path = tmp_path / "kval.cuh", tmp_path / "kval_kernels.cu"
+    text, options = {
+        "macro": ('#define KVAL_HEADER "kval.cuh"\n#include KVAL_HEADER\n' + KVAL_KERNEL, []),
+        "macro -D": ("#include KVAL_HEADER\n" + KVAL_KERNEL, ['-DKVAL_HEADER="kval.cuh"']),
+        "--pre-include=": (KVAL_KERNEL, ["--pre-include=kval.cuh"]),
+        "-include two tokens": (KVAL_KERNEL, ["-include", "kval.cuh"]),
+    }[how]
+    path.write_text(text)
+    keys = {}
+    for value in (3, 4):
+        header.write_text(f"#define KVAL {value}\n")
+        mod = kernelkit.load_kernels(path, "kval", arch="9.0", options=options)
+        assert mod.key not in keys.values() and not mod.cached, f"KVAL {value} was served from an older build"
+        keys[value] = mod.key
+    header.write_text("#define KVAL 3\n")
+    assert _in_a_new_process(path, options) == [keys[3], True]  # the same bytes: the same key, a hit
+    header.write_text("#define KVAL 5\n")
+    key, cached = _in_a_new_process(path, options)
+    assert key not in keys.values() and not cached
+
+
+@pytest.mark.cuda_build
+@pytest.mark.usefixtures("cache")
+def test_includes_kernelkit_cannot_resolve_are_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kval.cuh").write_text("#define KVAL 3\n")
+    src = "#define STR(x) #x\n#include STR(kval.cuh)\n" + KVAL_KERNEL
+    with pytest.raises(KernelkitError, match=r"kval\.cu:2: #include STR\(kval\.cuh\): kernelkit cannot tell which "
+                                             r"header this names"):
+        kernelkit.load_kernels(src, "kval", arch="9.0")
+    with pytest.raises(KernelkitError, match="forced include 'nowhere.cuh' is in none of"):
+        kernelkit.load_kernels(KVAL_KERNEL, "kval", arch="9.0", options=["--pre-include=nowhere.cuh"])
+    with pytest.raises(KernelkitError, match="precompiled header"):
+        kernelkit.load_kernels(KVAL_KERNEL, "kval", arch="9.0", options=["--use-pch=x.pch"])
+
+
+@pytest.mark.cuda_build
+@pytest.mark.usefixtures("cache")
+def test_the_exposed_kernels_are_those_nvrtc_compiled():
+    src = textwrap.dedent("""\
+        #define KERNEL(name) extern "C" __global__ void name(float* x, int n)
+        #if 0
+        extern "C" __global__ void gone(int n) { this is not C++ ( }
+        #endif
+        #ifdef USE_DOUBLE
+        extern "C" __global__ void scaled(double* x, double a) { *x *= a; }
+        #else
+        extern "C" __global__ void scaled(float* x, float a) { *x *= a; }
+        #endif
+        #ifdef WIDE
+        __global__ void wide(double* x) {}
+        #else
+        __global__ void narrow(float* x) {}
+        #endif
+        KERNEL(foo) { x[0] = n; }
+        namespace ns { __global__ void inner(float* x, long long n) {} }
+        static __global__ void internal(unsigned v) {}
+        """)
+    with pytest.raises(KernelkitError, match="kernel scaled is declared with different parameters"):
+        kernelkit.load_kernels(src, "exact", arch="9.0")  # which of the two did NVRTC compile? not guessed
+    src = src.replace("double* x, double a", "float* x, float a")
+    mod = kernelkit.load_kernels(src, "exact", arch="9.0")
+    assert set(mod.kernels) == {"scaled", "narrow", "foo", "ns::inner", "internal"}
+    assert str(mod["ns::inner"].signature) == "ns::inner(float* x, long long n)"
+    assert str(mod.internal.signature) == "internal(unsigned v)"
+    with pytest.raises(KernelkitError, match="kernel 'foo' is in the compiled program, but its source shows no "
+                                             "declaration of it"):
+        mod.foo[1, 1](torch.ones(1), 1)
+    assert set(kernelkit.load_kernels(src, "exact", arch="9.0", options=["-DWIDE"]).kernels) == \
+        {"scaled", "wide", "foo", "ns::inner", "internal"}
+    with pytest.raises(KernelkitError, match="no __global__ function in the compiled program"):
+        kernelkit.load_kernels("#if 0\n__global__ void k(int n) {}\n#endif\n", "exact", arch="9.0")
+
+
+@pytest.mark.cuda_build
+def test_names_are_checked_before_any_file_is_written(cache):
+    for bad in ("../../../escaped", "a/b", ".hidden", "x\0y", 7):
+        with pytest.raises(KernelkitError, match="name: expected a module name"):
+            kernelkit.load_kernels(SRC, bad, arch="9.0")
+    assert not list(cache.parent.glob("escaped*")) and not list(cache.glob("escaped*"))
+    assert load(cache, name="card:file.cu").name == "card:file.cu"  # a card's kernel file is named so
+
+
+@pytest.mark.cuda_build
+def test_a_compile_leaves_no_temporary_directory(cache):
+    tmp = kk_cache.cache_dir() / "tmp"
+    before = set(tmp.iterdir()) if tmp.is_dir() else set()
+    mod = load(cache, SRC.replace("a * x[i]", "a * x[i] * 1.5f"), name="tmpclean")
+    assert not mod.cached and set(tmp.iterdir()) == before
+
+
+@pytest.mark.usefixtures("cache")
+def test_nvrtc_facts_are_checked_against_the_installed_nvrtc():
+    nvrtc._facts.cache_clear()
+    real = nvrtc._facts()
+    record = next(kk_cache.cache_dir().glob("nvrtc-*.json"))
+    facts = json.loads(record.read_text())
+    assert any("libnvrtc" in f for f in facts["files"]), facts  # what an upgrade replaces
+    try:
+        record.write_text(json.dumps({**facts, "version": [1, 0]}))
+        nvrtc._facts.cache_clear()
+        assert nvrtc._facts()["version"] == [1, 0]  # unchanged files: the record is used, NVRTC is not loaded
+        lib = next(f for f in facts["files"] if "libnvrtc" in f)
+        record.write_text(json.dumps({**facts, "version": [1, 0], "files": {**facts["files"], lib: "1:2"}}))
+        nvrtc._facts.cache_clear()
+        assert nvrtc._facts()["version"] == real["version"]  # "upgraded": found again, and recorded
+        assert json.loads(record.read_text())["files"][lib] == facts["files"][lib]
+    finally:
+        nvrtc._facts.cache_clear()
+
+
+def test_kernelkit_arch_lists_choose_one_arch(monkeypatch):
+    monkeypatch.setenv("KERNELKIT_ARCH", "8.0;9.0+PTX")  # README's example, as for nvcc builds
+    monkeypatch.setattr(nvrtc, "_gpu_arch", lambda: None)
+    assert nvrtc.arch_for(None) == "90"  # no GPU: the last listed
+    monkeypatch.setattr(nvrtc, "_gpu_arch", lambda: "80")
+    assert nvrtc.arch_for(None) == "80"  # the current GPU's, when listed
+    monkeypatch.setattr(nvrtc, "_gpu_arch", lambda: "86")
+    assert nvrtc.arch_for(None) == "90"
+    assert nvrtc.arch_for("9.0+PTX") == "90" and nvrtc.arch_for("sm_90a") == "90a"
+    monkeypatch.setenv("KERNELKIT_ARCH", "9.0;banana")
+    with pytest.raises(KernelkitError, match="KERNELKIT_ARCH: expected CUDA archs"):
+        nvrtc.arch_for(None)
+
+
+@pytest.mark.cuda_build
+def test_load_kernels_under_a_kernelkit_arch_list(cache, monkeypatch):
+    monkeypatch.setenv("KERNELKIT_ARCH", "8.0;9.0+PTX")
+    mod = kernelkit.load_kernels(SRC, "archlist", include_paths=[cache])  # README's setting broke this
+    here = "sm_{}{}".format(*torch.cuda.get_device_capability()) if torch.cuda.is_available() else None
+    assert mod.arch == (here if here in ("sm_80", "sm_90") else "sm_90")
 
 
 # ---------------------------------------------------------------------------------------- launcher

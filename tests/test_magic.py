@@ -6,7 +6,7 @@ IPython = pytest.importorskip("IPython")
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 
 import kernelkit  # noqa: E402
-from kernelkit.frontends.magic import split_cell  # noqa: E402
+from kernelkit.frontends.magic import _parser, _tokens, split_cell  # noqa: E402
 
 CELL = """\
 at::Tensor cube(const at::Tensor& x) {
@@ -90,6 +90,37 @@ def test_kernels_cell_compiles_with_nvrtc_and_binds_the_module(shell):
     result = shell.run_cell("%%kernelkit fast --kernels --arch 9.0\n" + KERNELS.replace("x[i];", "y[i];"))
     err = result.error_in_exec
     assert isinstance(err, kernelkit.BuildError) and "cell %%kernelkit fast:4:" in str(err)  # the cell's line 4
+
+
+def test_flag_values_may_start_with_a_dash_and_repeat():
+    tokens = _tokens("n --kernels --flags -DX=1 -O3 --arch 9.0 --flags=--weird --cuda-flags -lineinfo")
+    assert tokens == ["n", "--kernels", "--flags=-DX=1", "--flags=-O3", "--arch", "9.0", "--flags=--weird",
+                      "--cuda-flags=-lineinfo"]
+    args = _parser().parse_args(tokens)
+    assert args.flags == ["-DX=1", "-O3", "--weird"] and args.cuda_flags == ["-lineinfo"] and args.arch == "9.0"
+
+
+@pytest.mark.cuda_build
+def test_kernels_cell_takes_every_flag(shell):
+    cell = 'extern "C" __global__ void flagged(float* x) { x[0] = SCALE + OFFSET; }\n'
+    shell.run_cell_magic("kernelkit", "flagged --kernels --arch 9.0 --flags -DSCALE=2.0f --flags -DOFFSET=1.0f", cell)
+    assert shell.user_ns["flagged"].kernels == ("flagged",)  # both defines reached NVRTC: SCALE and OFFSET
+    shell.run_cell_magic("kernelkit", "flagged --kernels --flags -DSCALE=2.0f -DOFFSET=3.0f --arch 9.0", cell)
+    with pytest.raises(ValueError, match="usage"):
+        shell.run_cell_magic("kernelkit", "flagged --kernels --flags", cell)
+
+
+def test_cell_names_never_shadow_the_notebooks_own(shell):
+    shell.run_cell("import torch")
+    shell.user_ns["mine"] = 41
+    with pytest.raises(ValueError, match="'torch' is the module torch in this notebook"):
+        shell.run_cell_magic("kernelkit", "torch --kernels --arch 9.0", KERNELS)
+    with pytest.raises(ValueError, match="'mine' already names an object of type int that kernelkit did not make"):
+        shell.run_cell_magic("kernelkit", "mine --kernels --arch 9.0", KERNELS)
+    for bad in ("../x", "class", "2fast"):
+        with pytest.raises(ValueError, match="NAME must be a Python identifier"):
+            shell.run_cell_magic("kernelkit", f"{bad} --kernels --arch 9.0", KERNELS)
+    assert shell.user_ns["torch"] is torch and shell.user_ns["mine"] == 41
 
 
 def test_cpp_cell_without_flag_goes_to_the_cpp_compiler_and_names_do_not_clobber(shell):

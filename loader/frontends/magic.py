@@ -1,6 +1,6 @@
 """IPython integration: ``%load_ext kernelkit`` then
 
-    %%kernelkit NAME [--functions f g] [--arch 9.0] [--flags -DX=1] [--cuda-flags ...] [--cpp]
+    %%kernelkit NAME [--functions f g] [--arch 9.0] [--flags -DX=1 -O3] [--cuda-flags ...] [--cpp]
     <CUDA device code, torch-free>
     // --- binding ---
     <C++ binding: declarations, torch wrappers, KERNELKIT_LIBRARY(m) {...} or --functions>
@@ -14,27 +14,41 @@ the cell's own line numbers. ``--cpp`` makes the whole cell C++ (CPU code, no CU
 
 compiles the cell in-process with NVRTC (``kernelkit.load_kernels``, tens of milliseconds) and binds the
 module as ``NAME``: ``NAME.my_kernel[grid, block](tensor, ..., n)``.
+
+``NAME`` must be a Python identifier that is free in the notebook or bound to what kernelkit made (a
+library, an instant-kernels module, or what an earlier cell bound): a cell never shadows a module such as
+``torch`` or the notebook's own variables. ``--flags``/``--cuda-flags`` take every value up to the next of
+the magic's own options (``--flags -DX=1 -O3``), and repeat (``--flags -DX=1 --flags -DY=2``); a value
+spelled like one of those options is written ``--flags=--arch``.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import dataclasses
+import keyword
 import os
 import re
 import shlex
 import sys
+import types
 from pathlib import Path
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
+from .. import device_output as _capture
 from .. import inspect as kk_inspect
+from .. import loading
 from ..errors import BuildError, KernelkitError
-from ..inspect import device_output as _capture
-from ..instant.kernels import load_kernels, loaded_modules
-from ..jit import api, registry
+from ..instant.kernels import KernelModule, load_kernels, loaded_modules
+from ..jit import registry
+from ..jit.library import Library
 
 #: name -> (line, cell) of the last %%kernelkit cell run with that name
 CELLS: Dict[str, Tuple[str, str]] = {}
+#: (id of a user namespace, name) -> what a cell bound there last: a re-run cell may rebind it
+_BOUND: Dict[Tuple[int, str], object] = {}
+_OPTIONS = ("--functions", "--arch", "--flags", "--cuda-flags", "--cpp", "--kernels")
+_VALUE_LISTS = ("--flags", "--cuda-flags")  # their values are compiler flags, which start with '-'
 
 SEPARATOR = re.compile(r"^\s*//\s*-{2,}\s*binding\s*-{2,}\s*$", re.M)
 
@@ -64,25 +78,71 @@ def cpp_only(line: str, cell: str) -> bool:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="%%kernelkit", add_help=False)
     p.add_argument("name", help="the library's name; it is bound under this name (its ops under theirs)")
-    p.add_argument("--functions", nargs="+", default=None, help="C++ functions to bind with pybind11")
+    p.add_argument("--functions", nargs="+", action="extend", default=None, help="C++ functions to bind with pybind11")
     p.add_argument("--arch", default=None, help="CUDA archs, e.g. 9.0 (default: the current GPU)")
-    p.add_argument("--flags", nargs="+", default=None, help="extra C++ compiler flags")
-    p.add_argument("--cuda-flags", nargs="+", default=None, help="extra nvcc flags")
+    p.add_argument("--flags", action="append", default=None,
+                   help="extra C++ compiler flags (NVRTC options with --kernels), e.g. --flags -DX=1 -O3")
+    p.add_argument("--cuda-flags", action="append", default=None, help="extra nvcc flags, e.g. --cuda-flags -lineinfo")
     p.add_argument("--cpp", action="store_true", help="the whole cell is C++ (no CUDA)")
     p.add_argument("--kernels", action="store_true", help="kernel-only CUDA compiled with NVRTC (instant kernels)")
     return p
 
 
+def _tokens(line: str) -> List[str]:
+    """The magic line's words, each value of ``--flags``/``--cuda-flags`` attached to its option
+    (``--flags=-DX=1``) so that argparse reads it as a value: the values run up to the next of the magic's
+    own options."""
+    out: List[str] = []
+    taking, got = None, 0
+    for token in shlex.split(line) + ["--end"]:
+        if token == "--end" or token.split("=", 1)[0] in _OPTIONS:
+            if taking is not None and got == 0:
+                out.append(taking)  # no value: argparse reports the usage error
+            taking, got = (token, 0) if token in _VALUE_LISTS else (None, 0)
+            if taking is None and token != "--end":
+                out.append(token)
+        elif taking is not None:
+            out.append(f"{taking}={token}")
+            got += 1
+        else:
+            out.append(token)
+    return out
+
+
+def _check_name(name: str, user_ns: dict, only_modules: bool = False) -> None:
+    """Refuse to bind ``name`` where it would shadow a module, or (unless ``only_modules``) anything kernelkit
+    did not make: a cell's name must be an identifier, free or already a kernelkit library or module."""
+    if not name.isidentifier() or keyword.iskeyword(name):
+        raise ValueError(f"%%kernelkit: NAME must be a Python identifier, got {name!r}")
+    if name not in user_ns:
+        return
+    current = user_ns[name]
+    if current is _BOUND.get((id(user_ns), name)) or isinstance(current, (KernelModule, Library)):
+        return
+    if isinstance(current, types.ModuleType):
+        raise ValueError(f"%%kernelkit: {name!r} is the module {current.__name__} in this notebook; binding the cell "
+                         "there would shadow it: give the cell another name")
+    if not only_modules:
+        raise ValueError(f"%%kernelkit: {name!r} already names an object of type {type(current).__name__} that "
+                         f"kernelkit did not make; give the cell another name (or `del {name}` first)")
+
+
+def _bind(user_ns: dict, name: str, value) -> None:
+    user_ns[name] = value
+    _BOUND[(id(user_ns), name)] = value
+
+
 def kernelkit_cell(line: str, cell: str, user_ns: dict):
     try:
-        args = _parser().parse_args(shlex.split(line))
+        args = _parser().parse_args(_tokens(line))
     except SystemExit:
-        raise ValueError("usage: %%kernelkit NAME [--functions f g] [--arch 9.0] [--flags ...] "
+        raise ValueError("usage: %%kernelkit NAME [--functions f g] [--arch 9.0] [--flags -DX=1 ...] "
                          "[--cuda-flags ...] [--cpp | --kernels]") from None
+    _check_name(args.name, user_ns)
     if args.kernels:
         # a blank first line: compiler line numbers are the cell's, whose line 1 is the %%kernelkit line
         with _errors_cite_the_cell(args.name):
-            user_ns[args.name] = load_kernels("\n" + cell, args.name, arch=args.arch, options=args.flags or ())
+            _bind(user_ns, args.name, load_kernels("\n" + cell, args.name, arch=args.arch, options=args.flags or ()))
         CELLS[args.name] = (line, cell)
         return None
     cuda, cpp = split_cell(cell, cpp_only(line, cell))
@@ -90,16 +150,19 @@ def kernelkit_cell(line: str, cell: str, user_ns: dict):
         raise ValueError("%%kernelkit: a CUDA cell needs a '// --- binding ---' line followed by the "
                          "torch-facing C++ (or --cpp for a C++-only cell)")
     with _errors_cite_the_cell(args.name):
-        lib = api.load_inline(args.name, cuda=cuda, cpp=cpp, functions=args.functions, arch=args.arch,
+        lib = loading.load_inline(args.name, cuda=cuda, cpp=cpp, functions=args.functions, arch=args.arch,
                               extra_cflags=args.flags, extra_cuda_cflags=args.cuda_flags)
     CELLS[args.name] = (line, cell)
     names = lib.functions()
     handle = args.name if args.name not in names else f"{args.name}_lib"  # an op named like the cell keeps its name
+    _check_name(handle, user_ns)
+    for fn in names:
+        _check_name(fn, user_ns, only_modules=True)  # an op may replace the notebook's own function of its name
     if handle != args.name:
         print(f"kernelkit: {args.name} is the op; the library is bound as {handle}", file=sys.stderr)
-    user_ns[handle] = lib
+    _bind(user_ns, handle, lib)
     for fn in names:
-        user_ns[fn] = getattr(lib, fn)
+        _bind(user_ns, fn, getattr(lib, fn))
     return None
 
 
@@ -155,7 +218,7 @@ def register(ipython) -> None:
     cell_magic.__doc__ = __doc__ + "\n" + _parser().format_help()  # what %%kernelkit? shows
 
     ipython.register_magic_function(cell_magic, magic_kind="cell", magic_name="kernelkit")
-    api.autoreload(True)  # edited card files are reloaded before each cell
+    loading.autoreload(True)  # edited card files are reloaded before each cell
     _register_cell_hooks(ipython)
 
 

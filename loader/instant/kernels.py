@@ -24,7 +24,7 @@ import torch
 from ..errors import KernelkitError
 from ..jit import nvrtc
 from . import launcher
-from .signature import Signature, declarations, kernel_signatures
+from .signature import Signature, bind, check_expressions
 
 _SIZES = {"p": 8, "b": 1, "c": 1, "C": 1, "s": 2, "S": 2, "h": 2, "B": 2, "i": 4, "I": 4, "f": 4, "l": 8, "L": 8,
           "d": 8}
@@ -51,6 +51,10 @@ class _Build:
             known = ", ".join(sorted(self.signatures)) or "none"
             raise KernelkitError(f"{self.program.name}: no kernel {expr!r} in the current build (kernels: {known})")
         sig = self.signatures[expr]
+        if not sig.declared:
+            raise KernelkitError(f"{self.program.name}: kernel {expr!r} is in the compiled program, but its source shows "
+                                 "no declaration of it (defined through a macro?), so kernelkit cannot pass arguments "
+                                 "to it from Python; declare it as a plain __global__ function")
         bad = sig.unsupported()
         if bad:
             raise KernelkitError(f"{sig}: kernelkit cannot pass parameter(s) {', '.join(p.describe() for p in bad)} "
@@ -114,7 +118,7 @@ class _Build:
 def _labelled_launch(launch, expr: str):
     """The launcher's ``launch`` for a kernel that prints: inside a capture, each launch runs in a bracket that
     labels its output ``[expr[grid, block]]`` (and synchronises its stream); outside one, the plain launch."""
-    from ..inspect import device_output  # only for kernels that print: a warm start imports nothing more
+    from .. import device_output  # only for kernels that print: a warm start imports nothing more
 
     def launch_labelled(handle, kernel, codes, dtypes, names, grid, block, shared_mem, stream, args):
         if not device_output.capturing():
@@ -130,7 +134,7 @@ def _parameters(sig: Signature, info) -> List[Tuple[int, str]]:
     before 12.4); a parameter the source declares in a way kernelkit does not read is named by position."""
     if info is None:
         return [(_SIZES.get(p.code, 0), p.describe()) for p in sig.params]
-    if len(info) != len(sig.params):
+    if len(info) != len(sig.params) or not sig.declared:
         return [(size, f"parameter {i + 1}") for i, (_, size) in enumerate(info)]
     return [(size, p.describe()) for (_, size), p in zip(info, sig.params)]
 
@@ -243,18 +247,28 @@ def loaded_modules() -> Tuple[KernelModule, ...]:
 
 def _read(source: Union[str, os.PathLike], name: Optional[str]) -> Tuple[str, str, Path, str]:
     """(text, name shown in messages, directory for local includes, module name)."""
-    is_path = isinstance(source, os.PathLike) or ("\n" not in source and source.endswith((".cu", ".cuh"))
-                                                  and Path(source).is_file())
+    is_path = isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source
+                                                  and source.endswith((".cu", ".cuh")) and Path(source).is_file())
     if is_path:
         path = Path(source).expanduser().resolve()
         if not path.is_file():
             raise KernelkitError(f"source: {path} does not exist")
         shown = nvrtc.shown(path)
-        return path.read_text(), shown, path.parent, name or path.stem
+        return path.read_text(), shown, path.parent, _checked_name(name or path.stem)
     if not isinstance(source, str) or not source.strip():
         raise KernelkitError("source: expected CUDA C++ text or the path of a .cu file")
-    name = name or "kernels"
+    name = _checked_name(name or "kernels")
     return source, f"{name}.cu", Path.cwd(), name
+
+
+def _checked_name(name) -> str:
+    """A module name: letters, digits and ``_ . : -``, not starting with ``.`` or ``-`` (it names the module in
+    messages and caches; a path in it must never reach the file system)."""
+    if not isinstance(name, str) or not name or len(name) > 200 or name[0] in ".-" or not all(
+            c.isascii() and (c.isalnum() or c in "_.:-") for c in name):
+        raise KernelkitError(f"name: expected a module name of letters, digits and '_.:-' such as 'scaling' (not "
+                             f"starting with '.' or '-'), got {name!r}")
+    return name
 
 
 def load_kernels(source: Union[str, os.PathLike], name: Optional[str] = None, *, options: Sequence[str] = (),
@@ -286,20 +300,21 @@ def compile_kernels(source: Union[str, os.PathLike], name: Optional[str] = None,
         joining = distributed.joining(group, name or "kernels")
     with joining:  # under group=, a rank whose planning fails still tells the others, so none waits for it
         text, shown, base, name = _read(source, name)
-        if isinstance(name_expressions, str):
-            name_expressions = [name_expressions]
+        exprs = [name_expressions] if isinstance(name_expressions, str) else list(name_expressions)
+        program = nvrtc.plan(name, text, shown, base, [Path(p) for p in include_paths], options, arch, exprs)
+        declared = [k for body in (text, *(h[2] for h in program.headers)) for k in nvrtc.scanned(body).kernels]
         try:
-            decls = declarations(text)
-            signatures = kernel_signatures(text, name_expressions)
+            check_expressions(declared, exprs)
         except ValueError as e:
             raise KernelkitError(f"{shown}: {e}") from None
-        if not signatures:
-            raise KernelkitError(f"{shown}: no __global__ function to compile (templates need name_expressions=)")
-        # C++-linkage kernels are looked up through NVRTC's lowered (mangled) names; extern "C" ones by name
-        lookups = [k for k in signatures if "<" in k or not decls[k].extern_c]
-        program = nvrtc.plan(name, text, shown, base, [Path(p) for p in include_paths], options, arch, lookups)
     compiled = nvrtc.obtain(program) if group is None else distributed.obtain_program(program, group)
-    symbols = {k: compiled.lowered.get(k, k) for k in signatures}
+    try:
+        signatures, symbols = bind(declared, compiled.entries, compiled.lowered)
+    except ValueError as e:
+        raise KernelkitError(f"{shown}: {e}") from None
+    if not signatures:
+        raise KernelkitError(f"{shown}: no __global__ function in the compiled program (templates need "
+                             "name_expressions=; a kernel inside a disabled #if branch is not compiled)")
     return _Build(program, compiled, signatures, symbols)
 
 

@@ -8,7 +8,6 @@ first instant kernel within milliseconds of ``import kernelkit``.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import sys
@@ -19,9 +18,10 @@ from typing import Optional
 import torch
 
 from ..errors import CacheSecurityError
-from ..jit import cache
+from ..jit import cache, keys
 from ..jit.library import import_extension
 from ..jit.sources import CSRC, INCLUDE, sha256_file
+from ..version import __version__
 
 MODULE_NAME = "_kernelkit_launch"
 SOURCE = CSRC / "launch.cpp"
@@ -42,7 +42,7 @@ def target():
 
 
 def _record() -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes() + sys.version.encode() + sys.prefix.encode()).hexdigest()[:24]
+    key = keys.launcher_record_key(SOURCE.read_bytes(), sys.version, sys.prefix, torch.__version__, __version__)
     return cache.cache_dir() / f"launcher-{key}.json"
 
 
@@ -58,9 +58,9 @@ def _recorded() -> Optional[Path]:
 
 
 def _built() -> Path:
-    from ..jit import api  # planning and building: a cold start only
+    from ..jit import obtain  # planning and building: a cold start only
 
-    so, _, _ = api.obtain(target())
+    so, _, _ = obtain.obtain(target())
     tmp = _record().with_suffix(f".{os.getpid()}.tmp")
     with contextlib.suppress(OSError):  # without a record the next start plans again: slower, still right
         tmp.write_text(json.dumps({"so": str(so), "sha256": sha256_file(so)}))
