@@ -1,0 +1,160 @@
+"""tree-sitter helpers for the split: parsing, walking, identifier tokens, and the masking of qualifier
+macros (``#define HD __host__ __device__``, ``C10_HOST_DEVICE``) that the grammar cannot see through."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, FrozenSet, Iterator, List, Tuple
+
+from .. import syntax
+
+#: tokens a qualifier macro may expand to: whatever else a macro holds, the split does not guess at it
+QUALIFIER_TOKENS = frozenset({"__host__", "__device__", "__global__", "__forceinline__", "__noinline__",
+                              "__inline__", "inline", "static", "constexpr"})
+#: torch's qualifier macros (c10/macros/Macros.h), by what they mean to nvcc
+TORCH_QUALIFIERS: Dict[str, FrozenSet[str]] = {
+    "C10_HOST_DEVICE": frozenset({"__host__", "__device__"}),
+    "C10_DEVICE": frozenset({"__device__"}),
+    "C10_HOST": frozenset({"__host__"}),
+    "C10_ALWAYS_INLINE": frozenset({"inline"}),
+}
+#: torch's launch-bounds macros, replaced by the grammar's own keyword (same length after padding) to parse
+LAUNCH_BOUNDS_MACROS = ("C10_LAUNCH_BOUNDS_0", "C10_LAUNCH_BOUNDS_1", "C10_LAUNCH_BOUNDS_2")
+IDENTIFIER_TYPES = frozenset({"identifier", "type_identifier", "namespace_identifier"})
+_PREPROC_NAMES = frozenset({"preproc_def", "preproc_function_def", "preproc_ifdef", "preproc_defined",
+                            "preproc_call"})
+_SKIP = frozenset({"comment", "string_literal", "raw_string_literal", "char_literal", "system_lib_string"})
+
+
+def parse(text: str):
+    return syntax.parse(text)
+
+
+def walk(node) -> Iterator:
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        stack.extend(reversed(n.children))
+
+
+def leaves(node) -> Iterator:
+    """Leaf tokens in order, without comments and literals (whose text is not code)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n.type in _SKIP:
+            continue
+        if n.child_count == 0:
+            yield n
+        else:
+            stack.extend(reversed(n.children))
+
+
+def text(node, src: bytes) -> str:
+    return src[node.start_byte:node.end_byte].decode("utf-8", "surrogateescape")
+
+
+def line(node) -> int:
+    return node.start_point[0] + 1
+
+
+def identifiers(node, src: bytes) -> Iterator[Tuple[str, object]]:
+    """(name, leaf) for every identifier-like token under ``node``, macro bodies included (tokenised by
+    parsing the body on its own: the grammar keeps a macro's replacement text as one leaf)."""
+    for leaf in leaves(node):
+        if leaf.type in IDENTIFIER_TYPES:
+            yield text(leaf, src), leaf
+        elif leaf.type == "preproc_arg":
+            for name in macro_body_names(text(leaf, src)):
+                yield name, leaf
+        elif leaf.type in QUALIFIER_TOKENS or leaf.type.startswith("__"):
+            yield leaf.type, leaf
+
+
+def macro_body_names(body: str) -> List[str]:
+    """Identifier tokens of a macro's replacement text, keywords such as ``__global__`` included."""
+    tree = parse(body)
+    src = body.encode("utf-8", "surrogateescape")
+    out = []
+    for leaf in leaves(tree.root_node):
+        if leaf.type in IDENTIFIER_TYPES or leaf.type == "field_identifier":
+            out.append(text(leaf, src))
+        elif leaf.type.startswith("__") or leaf.type in ("<<<", ">>>"):
+            out.append(leaf.type)
+    return out
+
+
+def has_launch_syntax(body: str) -> bool:
+    return any(n.type == "kernel_call_syntax" for n in walk(parse(body).root_node)) or "<<<" in body
+
+
+@dataclass
+class Masked:
+    """The text the grammar parses: qualifier macros blanked (same length, so byte offsets agree with the
+    original), with where each one was and what it stands for."""
+
+    src: bytes
+    tree: object
+    qualifiers: List[Tuple[int, int, FrozenSet[str]]]  # (start byte, end byte, qualifier tokens)
+    macros: Dict[str, FrozenSet[str]]  # qualifier macro name -> tokens (the user's and torch's)
+    names: List[Tuple[int, str]] = field(default_factory=list)  # (start byte, macro name) of every masked use
+
+    def masked_names(self, start: int, end: int) -> List[str]:
+        return [n for s, n in self.names if start <= s < end]
+
+    def qualifiers_in(self, start: int, end: int) -> FrozenSet[str]:
+        found = set()
+        for s, e, q in self.qualifiers:
+            if start <= s and e <= end:
+                found |= q
+        return frozenset(found)
+
+
+def qualifier_macros(root, src: bytes) -> Dict[str, FrozenSet[str]]:
+    """Object-like macros whose replacement is only CUDA qualifiers, in file order (one may use another)."""
+    found: Dict[str, FrozenSet[str]] = dict(TORCH_QUALIFIERS)
+    for node in walk(root):
+        if node.type != "preproc_def":
+            continue
+        name, value = node.child_by_field_name("name"), node.child_by_field_name("value")
+        if name is None or value is None:
+            continue
+        words = text(value, src).split()
+        expanded = set()
+        for w in words:
+            if w in QUALIFIER_TOKENS:
+                expanded.add(w)
+            elif w in found:
+                expanded |= found[w]
+            else:
+                break
+        else:
+            if words and expanded & {"__host__", "__device__", "__global__", "__forceinline__"}:
+                found[text(name, src)] = frozenset(expanded)
+    return found
+
+
+def mask(text_: str) -> Masked:
+    src = text_.encode("utf-8", "surrogateescape")
+    tree = parse(text_)
+    macros = qualifier_macros(tree.root_node, src)
+    buf = bytearray(src)
+    spans, names = [], []
+    for leaf in leaves(tree.root_node):
+        if leaf.type not in IDENTIFIER_TYPES:
+            continue
+        name = text(leaf, src)
+        if leaf.parent is not None and leaf.parent.type in _PREPROC_NAMES:
+            continue  # the macro's own name in its #define, or a test of whether it is defined
+        if name in macros:
+            buf[leaf.start_byte:leaf.end_byte] = b" " * (leaf.end_byte - leaf.start_byte)
+            spans.append((leaf.start_byte, leaf.end_byte, macros[name]))
+            names.append((leaf.start_byte, name))
+        elif name in LAUNCH_BOUNDS_MACROS:
+            names.append((leaf.start_byte, name))
+            kw = b"__launch_bounds__"
+            buf[leaf.start_byte:leaf.end_byte] = kw + b" " * (leaf.end_byte - leaf.start_byte - len(kw))
+    if not names:
+        return Masked(src, tree, [], macros)
+    masked = bytes(buf)
+    return Masked(src, parse(masked.decode("utf-8", "surrogateescape")), spans, macros, names)

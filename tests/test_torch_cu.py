@@ -1,0 +1,155 @@
+"""Torch-including .cu files through the loader (jit.torch_cu): split into a cached host TU (g++) and a device TU
+(nvcc) where the split applies, the file as written where it does not. Compile-only here (sm_90); the GPU
+differential against torch's own build of the corpus is tests/test_split_gpu.py.
+
+Each build of a host TU compiles torch's headers (~20-60 s on a 2-core machine): the tests share one copy of
+each file and run in order."""
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import kernelkit
+from kernelkit.errors import BuildError, KernelkitError, SourcesChanged
+from kernelkit.jit import build, plan, torch_cu
+
+CORPUS = Path(__file__).parent / "fixtures" / "torch_cu"
+pytestmark = pytest.mark.cuda_build
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    d = tmp_path_factory.mktemp("torch_cu")
+    for f in ("relu_extension.cu", "sigmoid_dispatch.cu", "device_lambda.cu"):
+        shutil.copy(CORPUS / f, d / f)
+    return d
+
+
+def _build(name, path, capsys, **kw):
+    before = dict(build.STATS)
+    info = kernelkit.load(name, [str(path)], load=False, arch="9.0", **kw)
+    said = capsys.readouterr().err
+    return info, {k: build.STATS[k] - before[k] for k in ("compiles", "joins", "links")}, said
+
+
+def test_a_kernel_body_edit_recompiles_the_device_tu_only(work, capsys):
+    src = work / "relu_extension.cu"
+    cold, counts, said = _build("kk_tcu_relu", src, capsys)
+    assert not cold.cached and counts == {"compiles": 2, "joins": 1, "links": 1}, said
+    assert "split (1 kernel(s))" in said and "includes torch's headers" not in said  # no advice: done already
+    original = src.read_text()
+    try:
+        src.write_text(original.replace("v * slope;", "v * slope * 1.0f;"))  # a kernel body
+        edited, counts, said = _build("kk_tcu_relu", src, capsys)
+        assert edited.key != cold.key and counts == {"compiles": 1, "joins": 1, "links": 1}, said
+        assert "host TU cached" in said
+        src.write_text(original.replace("return out;", "return out;  // a host edit"))
+        host_edit, counts, said = _build("kk_tcu_relu", src, capsys)
+        assert counts["compiles"] == 1 and "device TU cached" in said, said
+    finally:
+        src.write_text(original)
+    again, counts, _ = _build("kk_tcu_relu", src, capsys)
+    assert again.cached and again.key == cold.key and counts["compiles"] == 0
+
+
+def test_a_kernel_typo_is_reported_at_the_users_line_without_a_full_build(work, capsys):
+    src = work / "relu_extension.cu"
+    original = src.read_text()
+    line = next(i for i, ln in enumerate(original.splitlines(), 1) if "v * slope;" in ln)
+    try:
+        src.write_text(original.replace("v * slope;", "v * slopr;"))
+        before = build.STATS["compiles"]
+        with pytest.raises(BuildError) as e:
+            kernelkit.load("kk_tcu_relu", [str(src)], load=False, arch="9.0")
+        assert f"relu_extension.cu:{line}" in str(e.value) and "slopr" in str(e.value)
+        assert "KERNELKIT_TORCH_CU=full" in str(e.value)
+        assert build.STATS["compiles"] - before == 1  # the device TU only: the host TU is never needed
+    finally:
+        src.write_text(original)
+
+
+def test_an_edit_during_the_split_build_is_not_cached(work, monkeypatch):
+    """The file is edited after the split read it: the object would carry the old content's key."""
+    src = work / "relu_extension.cu"
+    original = src.read_text()
+    real = torch_cu.split.split_source
+
+    def split_then_edit(text, path, local_header):
+        result = real(text, path, local_header)
+        src.write_text(original.replace("v * slope;", "v * slope * 2.0f;"))
+        return result
+
+    monkeypatch.setattr(torch_cu.split, "split_source", split_then_edit)
+    src.write_text(original.replace("v * slope;", "v * slope * 3.0f;"))  # content no earlier test built
+    try:
+        with pytest.raises(SourcesChanged, match="changed while it was being compiled"):
+            kernelkit.load("kk_tcu_relu", [str(src)], load=False, arch="9.0")
+    finally:
+        src.write_text(original)
+    monkeypatch.undo()
+    assert kernelkit.load("kk_tcu_relu", [str(src)], load=False, arch="9.0").path.is_file()
+
+
+def test_template_kernels_under_at_dispatch_get_exactly_their_instantiations(work, capsys):
+    info, counts, said = _build("kk_tcu_sigmoid", work / "sigmoid_dispatch.cu", capsys)
+    assert counts == {"compiles": 2, "joins": 1, "links": 1} and "split" in said, said
+    names = subprocess.run(["nm", "-C", str(info.path)], capture_output=True, text=True, check=True).stdout
+    launchers = [ln for ln in names.splitlines() if "kk_launch" in ln]
+    assert launchers and not [ln for ln in launchers if " U " in ln]  # every specialisation the host calls is defined
+
+
+def test_an_unsplittable_file_is_refused_at_once_when_split_is_forced(work, monkeypatch):
+    monkeypatch.setenv("KERNELKIT_TORCH_CU", "split")
+    before = build.STATS["compiles"]
+    with pytest.raises(KernelkitError, match="cannot be split: a __device__ lambda"):
+        kernelkit.load("kk_tcu_lambda", [str(work / "device_lambda.cu")], load=False, arch="9.0",
+                       extra_cuda_cflags=["--extended-lambda"])
+    assert build.STATS["compiles"] == before
+
+
+def test_the_strategy_asked_for_is_in_the_key_and_checked(work, monkeypatch):
+    keys = {}
+    for value in ("auto", "full", "split"):
+        monkeypatch.setenv("KERNELKIT_TORCH_CU", value)
+        target = plan.plan_extension("kk_tcu_keys", [work / "relu_extension.cu"], arch="9.0")
+        (unit,) = target.units
+        assert unit.builder is torch_cu.compile_unit
+        keys[value] = target.key
+    assert len(set(keys.values())) == 3  # switching strategies never reuses the other's object
+    monkeypatch.setenv("KERNELKIT_TORCH_CU", "lite")
+    with pytest.raises(KernelkitError, match="KERNELKIT_TORCH_CU='lite': expected one of auto, split, full"):
+        plan.plan_extension("kk_tcu_keys", [work / "relu_extension.cu"], arch="9.0")
+
+
+def test_a_cu_without_torch_is_not_touched(tmp_path):
+    (tmp_path / "plain.cu").write_text('extern "C" __global__ void k(float* x) { x[0] = 1; }\n')
+    (tmp_path / "bind.cpp").write_text("#include <torch/extension.h>\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}\n")
+    target = plan.plan_extension("kk_tcu_plain", [tmp_path / "plain.cu", tmp_path / "bind.cpp"], arch="9.0")
+    assert all(u.builder is None for u in target.units)
+
+
+CELL = r"""
+#include <torch/extension.h>
+
+__global__ void twice_kernel(const float* x, float* y, int64_t n) {
+  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < n) y[i] = 2.0f * xx[i];
+}
+
+torch::Tensor twice(torch::Tensor x) {
+  auto y = torch::empty_like(x);
+  twice_kernel<<<(x.numel() + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
+  return y;
+}
+"""
+
+
+def test_load_inline_cuda_sources_are_split_and_errors_cite_the_string(capsys):
+    """torch's load_inline form: kernelkit's cuda.cu (torch's implicit includes, then the user's string) is split
+    under the name the user knows, so a typo in a kernel cites the line of the string passed."""
+    line = next(i for i, ln in enumerate(CELL.splitlines(), 1) if "xx[i]" in ln)
+    with pytest.raises(BuildError) as e:
+        kernelkit.load_inline("kk_tcu_cell", "torch::Tensor twice(torch::Tensor x);", CELL, functions=["twice"],
+                              arch="9.0")
+    assert f"kk_tcu_cell/cuda.cu:{line}" in str(e.value) and "xx" in str(e.value), str(e.value)
