@@ -6,15 +6,19 @@ import torch
 
 import kernelkit
 from kernelkit import ops
-from kernelkit.jit import fastcall
 from kernelkit.harness.timing import host_overhead_us as H
+from kernelkit.jit import fastcall
 
 dev = "cuda"
 one = torch.ones(1, device=dev)
-mu = torch.randn(1, device=dev); sg = torch.rand(1, device=dev) + 0.5
+mu = torch.randn(1, device=dev)
+sg = torch.rand(1, device=dev) + 0.5
 a = torch.randn(1, device=dev)
 out = torch.empty(1, 1, device=dev)
-ops.sample_normal(mu, sg, 1); ops.vector_add(a, a); ops.sigmoid(a); ops.elementwise_mul(a, a)
+ops.sample_normal(mu, sg, 1)
+ops.vector_add(a, a)
+ops.sigmoid(a)
+ops.elementwise_mul(a, a)
 print("fast call path:", "on" if fastcall.module() is not None else f"off ({fastcall.error()})")
 va = kernelkit.library("vector_add").ops.vector_add.default._op
 sn = kernelkit.library("sample_normal").ops.sample_normal.default._op

@@ -1,8 +1,11 @@
 """What torch's CUDA generator bookkeeping (philox_cuda_state), a capture-status query and an at::empty
 cost per op call: tiny inline ops that do only that and launch an empty kernel, vs torch.add. GPU host:
 python benchmarks/rng_host_probe.py"""
-import torch, kernelkit
+import torch
+
+import kernelkit
 from kernelkit.harness.timing import host_overhead_us as H
+
 lib = kernelkit.load_inline("genprobe", cuda="__global__ void kk_probe_noop() {}\nvoid launch_noop() { kk_probe_noop<<<1, 32>>>(); }\n", cpp=r'''
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAContext.h>

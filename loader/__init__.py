@@ -5,56 +5,62 @@ The public names are imported on first use (PEP 562), so ``import kernelkit`` an
 command's quick subcommands do not pay for importing torch.
 """
 import importlib as _importlib
+import os as _os
+import warnings as _warnings
 
-__version__ = "0.1.0"
+from .version import __version__ as __version__
 
-#: public name -> (module, attribute)
+if _os.environ.get("KERNELKIT_PATCH_TORCH", "").strip().lower() not in ("", "0", "false", "no", "off"):
+    from . import patch as _patch  # torch.utils.cpp_extension goes through kernelkit (README, "Porting")
+
+    _patch.patch_when_imported()
+
+#: public name -> (module, attribute), by group
 _EXPORTS = {
-    "BuildInfo": ("jit.api", "BuildInfo"),
-    "autoreload": ("jit.api", "autoreload"),
-    "library": ("jit.api", "library"),
-    "load": ("jit.api", "load"),
-    "load_inline": ("jit.api", "load_inline"),
-    "refresh": ("jit.api", "refresh"),
-    "reload": ("jit.api", "reload"),
+    # loading
+    "load": ("loading", "load"),
+    "load_inline": ("loading", "load_inline"),
     "load_kernels": ("instant.kernels", "load_kernels"),
+    "library": ("loading", "library"),
+    "reload": ("loading", "reload"),
+    "refresh": ("loading", "refresh"),
+    "autoreload": ("loading", "autoreload"),
+    "Library": ("jit.library", "Library"),
     "KernelModule": ("instant.kernels", "KernelModule"),
-    "STATS": ("jit.build", "STATS"),
-    "cache_dir": ("jit.cache", "cache_dir"),
+    "BuildInfo": ("loading", "BuildInfo"),
     "Card": ("jit.cards", "Card"),
     "cards": ("jit.cards", "all_cards"),
-    "Library": ("jit.library", "Library"),
+    "STATS": ("jit.build", "STATS"),
+    # checking and timing
+    "Spec": ("harness.spec", "Spec"),
+    "check": ("harness.check", "check"),
+    "CheckResult": ("harness.results", "CheckResult"),
+    "CheckError": ("harness.results", "CheckError"),
+    "bench": ("harness.bench", "bench"),
+    "BenchResult": ("harness.bench", "BenchResult"),
+    "profile": ("inspect.profiling", "profile"),
+    # errors
+    "KernelkitError": ("errors", "KernelkitError"),
     "BuildError": ("errors", "BuildError"),
     "CacheSecurityError": ("errors", "CacheSecurityError"),
     "CacheUnwritable": ("errors", "CacheUnwritable"),
-    "KernelkitError": ("errors", "KernelkitError"),
     "LockTimeout": ("errors", "LockTimeout"),
-    "Spec": ("harness.spec", "Spec"),
-    "BenchResult": ("harness.bench", "BenchResult"),
-    "bench": ("harness.bench", "bench"),
-    "CheckError": ("harness.results", "CheckError"),
-    "CheckResult": ("harness.results", "CheckResult"),
-    "check": ("harness.check", "check"),
-    "profile": ("inspect.profiling", "profile"),
-    "ELEMENTWISE_BENCH_SIZES": ("cardkit", "ELEMENTWISE_BENCH_SIZES"),
-    "ELEMENTWISE_SHAPES": ("cardkit", "ELEMENTWISE_SHAPES"),
-    "check_floating": ("cardkit", "check_floating"),
-    "check_pair": ("cardkit", "check_pair"),
-    "current_op": ("cardkit", "current_op"),
-    "default_bytes_moved": ("cardkit", "default_bytes_moved"),
-    "elementwise_inputs": ("cardkit", "elementwise_inputs"),
-    "fake_binary": ("cardkit", "fake_binary"),
-    "fake_unary": ("cardkit", "fake_unary"),
-    "randn": ("cardkit", "randn"),
-    "register_elementwise_fakes": ("cardkit", "register_elementwise_fakes"),
-    "uniform": ("cardkit", "uniform"),
 }
 #: public submodules reachable as attributes (``kernelkit.ops.sigmoid``), imported on first use
-_SUBMODULES = {"ops": "ops", "cpp_extension": "cpp_extension", "aot": "aot", "errors": "errors",
-               "jit": "jit", "distributed": "jit.distributed", "harness": "harness", "cardkit": "cardkit", "frontends": "frontends", "magic": "frontends.magic",
-               "inspect": "inspect"}
+_SUBMODULES = {"ops": "ops", "cardkit": "cardkit", "inspect": "inspect", "cpp_extension": "cpp_extension",
+               "aot": "aot", "distributed": "distributed", "errors": "errors"}
+#: old names that keep working for one release, with a DeprecationWarning naming the new one
+_DEPRECATED = {
+    **{name: ("cardkit", name, f"kernelkit.cardkit.{name}") for name in (
+        "ELEMENTWISE_BENCH_SIZES", "ELEMENTWISE_SHAPES", "check_floating", "check_pair", "current_op",
+        "default_bytes_moved", "elementwise_inputs", "fake_binary", "fake_unary", "randn",
+        "register_elementwise_fakes", "uniform")},
+    "cache_dir": ("jit.cache", "cache_dir", "the `kernelkit cache` command (or kernelkit.jit.cache.cache_dir)"),
+}
+#: the notebook helpers of the %%kernelkit magic (``kernelkit.magic.promote``), reachable but not advertised
+_HIDDEN = {"magic": "frontends.magic"}
 
-__all__ = sorted([*_EXPORTS, *_SUBMODULES, "load_ipython_extension", "__version__"])
+__all__ = sorted([*_EXPORTS, *_SUBMODULES])
 
 
 def __getattr__(name: str):
@@ -63,8 +69,14 @@ def __getattr__(name: str):
         value = getattr(_importlib.import_module(f".{module}", __name__), attr)
         globals()[name] = value
         return value
-    if name in _SUBMODULES:
-        return _importlib.import_module(f".{_SUBMODULES[name]}", __name__)
+    if name in _SUBMODULES or name in _HIDDEN:
+        return _importlib.import_module(f".{_SUBMODULES.get(name) or _HIDDEN[name]}", __name__)
+    if name in _DEPRECATED:
+        module, attr, instead = _DEPRECATED[name]
+        _warnings.warn(f"kernelkit.{name} is deprecated and goes in the next release; use {instead}",
+                       DeprecationWarning, stacklevel=2)
+        mod = _importlib.import_module(f".{module}", __name__)
+        return mod if attr is None else getattr(mod, attr)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

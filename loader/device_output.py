@@ -23,7 +23,7 @@ import sys
 import threading
 from typing import Dict, Iterator, List, Optional, Set, TextIO
 
-from ..errors import KernelkitError
+from .errors import KernelkitError
 
 _ASSERT_LINE = re.compile(r"^.*Assertion .* failed\.?\s*$", re.M)
 _LINES = re.compile(r"[^\n]*\n|[^\n]+")

@@ -19,9 +19,9 @@ import torch
 
 import kernelkit
 from kernelkit import aot
+from kernelkit.errors import CacheSecurityError
 from kernelkit.jit import prebuilt
 from kernelkit.jit.cards import builtin_dir, find
-from kernelkit.errors import CacheSecurityError
 
 sys.path.insert(0, str(Path(__file__).parent))
 from loader_cards import run_python, write_affine  # noqa: E402

@@ -45,14 +45,14 @@ def test_version_is_the_installed_one():
 def test_package_is_lazy_and_keeps_its_names():
     code = """if True:
         import sys, kernelkit
-        kernelkit.KernelkitError, kernelkit.cache_dir, kernelkit.__version__
+        kernelkit.KernelkitError, kernelkit.BuildError, kernelkit.__version__
         assert "torch" not in sys.modules, "a torch-free name imported torch"
         assert "cpp_extension" in dir(kernelkit) and "load" in dir(kernelkit)
         import kernelkit.harness.check  # a module and the public function of the same name do not collide
         assert kernelkit.check.__module__ == "kernelkit.harness.check" and callable(kernelkit.check)
         for name in kernelkit.__all__:
             getattr(kernelkit, name)
-        assert kernelkit.cards.__name__ == "all_cards" and kernelkit.library.__module__ == "kernelkit.jit.api"
+        assert kernelkit.cards.__name__ == "all_cards" and kernelkit.library.__module__ == "kernelkit.loading"
         assert kernelkit.cpp_extension.load is kernelkit.load
         assert kernelkit.magic.promote.__module__ == "kernelkit.frontends.magic"
     """

@@ -3,12 +3,12 @@ reference (CUDA under `gpu`), the FiLM/residual epilogue, errors and fakes (CPU)
 reports, its refusal of gradients, compile-only build."""
 import pytest
 import torch
+from ops_helpers import DEVICES, lib
 
 import kernelkit
 from kernelkit.kernels import conv1d_gn_mish as kd  # the card module: its public conv1d_gn_mish
 from kernelkit.reference.conv1d_gn_mish import UNET_CONV_SHAPES
 from kernelkit.reference.conv1d_gn_mish import conv1d_gn_mish as ref
-from ops_helpers import DEVICES, lib
 
 CARD = "conv1d_gn_mish"
 IMPLS = ("fused", "cudnn", "direct")

@@ -3,11 +3,15 @@
 Builds are shared per module (a torch/extension.h unit costs ~30 s on a 2-core machine): the extension
 fixtures are built once, and the differential twins once through torch's own loader.
 """
+import importlib
+import inspect
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -79,6 +83,7 @@ def test_edit_recompiles_the_edited_unit_only_and_reloads_in_process(ext, ext_di
         edited = kernelkit.load("kk_ext", sources, ["-DKK_UNUSED=1"])
         assert kernelkit.STATS["compiles"] - before["compiles"] == 1  # scale.cpp; bind.cpp's object reused
         assert edited is not ext and edited.__name__ == "kk_ext"  # no kk_ext_v1
+        assert importlib.import_module("kk_ext") is edited  # the newest build answers to its name
         x = torch.randn(4)
         torch.testing.assert_close(edited.scaled(x), 3.0 * x)
         torch.testing.assert_close(ext.scaled(x), 2.0 * x)  # the old module keeps its own code
@@ -86,6 +91,7 @@ def test_edit_recompiles_the_edited_unit_only_and_reloads_in_process(ext, ext_di
         header.write_text(original)
     again = kernelkit.load("kk_ext", sources, ["-DKK_UNUSED=1"])
     assert again is ext and kernelkit.STATS["compiles"] - before["compiles"] == 1  # undone edit: no compile
+    assert sys.modules["kk_ext"] is ext
 
 
 def test_warm_new_process_runs_no_compiler(ext, ext_dir):
@@ -117,13 +123,21 @@ INLINE_CPP_B = "int64_t count(torch::Tensor x) { return x.numel(); }"
 INLINE_FUNCS = {"twice": "2 * x", "count": "number of elements"}
 
 
+def _torch_positional(function, **values):
+    """Positional arguments in the installed torch's order (torch 2.8 put sycl_sources before functions), up to
+    the last one given: the call a user of this torch writes."""
+    order = list(inspect.signature(getattr(torch_ext, function)).parameters)[1:]
+    last = max(order.index(k) for k in values)
+    return tuple(values.get(k) for k in order[:last + 1])
+
+
 @pytest.fixture(scope="module")
 def inline_pair(tmp_path_factory):
-    # torch's classic positional order: name, cpp_sources (a list), cuda_sources, functions (a dict); torch
-    # 2.8+ put sycl_sources before functions, so torch's own call names it
-    ours = kernelkit.load_inline("kk_inline", [INLINE_CPP_A, INLINE_CPP_B], None, INLINE_FUNCS)
-    theirs = torch_ext.load_inline("kk_inline", [INLINE_CPP_A, INLINE_CPP_B], None, functions=INLINE_FUNCS,
-                                   build_directory=str(tmp_path_factory.mktemp("torch_inline")))
+    # every argument positional, in the installed torch's order: name, cpp_sources (a list), cuda_sources,
+    # [sycl_sources,] functions (a dict)
+    args = _torch_positional("load_inline", cpp_sources=[INLINE_CPP_A, INLINE_CPP_B], functions=INLINE_FUNCS)
+    ours = kernelkit.load_inline("kk_inline", *args)
+    theirs = torch_ext.load_inline("kk_inline", *args, build_directory=str(tmp_path_factory.mktemp("torch_inline")))
     return ours, theirs
 
 
@@ -310,5 +324,128 @@ def test_single_file_torch_style_cu_compiles_for_an_explicit_arch(capsys):
     assert info.path.is_file() and info.name == "kk_mul"
     symbols = subprocess.run(["nm", "-D", str(info.path)], capture_output=True, text=True).stdout
     assert "PyInit_kk_mul" in symbols  # PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) got this build's name
-    if kernelkit.STATS["compiles"] > before:  # compiled here (not a kept cache): the slow-rebuild hint
-        assert "includes torch's headers" in capsys.readouterr().err
+    if kernelkit.STATS["compiles"] > before:  # compiled here (not a kept cache): split, so no slow-rebuild hint
+        said = capsys.readouterr().err
+        assert "mul.cu: split (1 kernel(s))" in said and "includes torch's headers" not in said
+
+
+# ------------------------------------------------------------------- torch's signature, flags and names
+def test_importable_by_name_as_before_torch_2_9(ext, ext_dir, tmp_path):
+    """A helper that calls load(..., build_directory=...) and then importlib.import_module(name) (the GAN-repo
+    pattern that torch >= 2.9 breaks) gets the module."""
+    sys.modules.pop("kk_ext", None)
+    sources = [str(ext_dir / "bind.cpp"), str(ext_dir / "scale.cpp")]
+    kernelkit.load("kk_ext", sources, ["-DKK_UNUSED=1"], build_directory=str(tmp_path / "plugin"))
+    assert importlib.import_module("kk_ext") is ext
+
+
+@pytest.mark.parametrize("function", ["load", "load_inline"])
+def test_every_parameter_of_the_installed_torch_is_understood(function):
+    """Positional arguments bind in the installed torch's order, and every keyword torch takes is accepted."""
+    from kernelkit.loading import arguments
+
+    order = list(inspect.signature(getattr(torch_ext, function)).parameters)[1:]
+    values = [object() for _ in order]
+    bound = arguments.bind(function, values, {})
+    assert [bound[k] for k in order] == values
+    accepted = set(arguments.TORCH_KEYWORDS[function])
+    assert set(order) <= accepted, f"torch {torch.__version__} takes {sorted(set(order) - accepted)}"
+    with pytest.raises(TypeError, match="at most"):
+        arguments.bind(function, values + [None], {})
+    with pytest.raises(TypeError, match=f"multiple values for argument '{order[0]}'"):
+        arguments.bind(function, values[:1], {order[0]: None})
+
+
+def test_flags_are_split_and_stripped_as_torch_does(tmp_path):
+    """torch's own JIT tests pass flags with newlines and several flags in one string: same executable output
+    as torch's build from the same arguments."""
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "kk_value.h").write_text("#define KK_VALUE 7\n")
+    src = tmp_path / "main.cpp"
+    src.write_text("#include <cstdio>\n#include \"kk_value.h\"\n"
+                   "int main() { std::printf(\"%d %d\\n\", KK_VALUE, KK_FLAG); return 0; }\n")
+    kw = dict(extra_cflags=["-g\n\n", "-O0 -Wall", "-DKK_FLAG=5"], extra_include_paths=[f"  {inc}\n"],
+              is_python_module=False, is_standalone=True)
+    (tmp_path / "theirs").mkdir()  # torch's loader needs it to exist
+    ours = kernelkit.load("kk_flags", [str(src)], build_directory=str(tmp_path / "ours"), **kw)
+    theirs = torch_ext.load("kk_flags", [str(src)], build_directory=str(tmp_path / "theirs"), **kw)
+    outputs = [subprocess.run([exe], capture_output=True, text=True, check=True).stdout for exe in (ours, theirs)]
+    assert outputs == ["7 5\n", "7 5\n"]
+
+
+def test_a_slow_build_does_not_block_other_loads_in_the_process(ext, ext_dir, monkeypatch):
+    """No process-wide lock across a build: while one thread builds, another thread's load of a cached
+    build returns at once."""
+    from kernelkit.jit import build as _build
+
+    release, started, real = threading.Event(), threading.Event(), _build.build
+
+    def slow_build(target):
+        if target.name == "kk_slow":
+            started.set()
+            assert release.wait(60), "the test never released the slow build"
+            raise KernelkitError("kk_slow: stopped by the test")
+        return real(target)
+
+    monkeypatch.setattr(_build, "build", slow_build)
+    src = ext_dir / "slow.cpp"
+    src.write_text("// never compiled\nint kk_slow_unused() { return 0; }\n")
+    errors = []
+    worker = threading.Thread(target=lambda: errors.append(_raises(lambda: kernelkit.load("kk_slow", [str(src)],
+                                                                                            is_python_module=False))))
+    worker.start()
+    try:
+        assert started.wait(60)
+        t0 = time.perf_counter()
+        info = kernelkit.load("kk_ext", [str(ext_dir / "bind.cpp"), str(ext_dir / "scale.cpp")], ["-DKK_UNUSED=1"],
+                              load=False)
+        assert info.cached and time.perf_counter() - t0 < 5
+        assert worker.is_alive()  # the slow build was still running all along
+    finally:
+        release.set()
+        worker.join(60)
+    assert errors and "stopped by the test" in str(errors[0])
+
+
+def _raises(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the test inspects it
+        return e
+    return None
+
+
+TORCH_STYLE_ONE_FILE = r"""
+#include <torch/extension.h>
+torch::Tensor plus_k(torch::Tensor x) { return x + KK_K; }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("plus_k", &plus_k, "x + K"); }
+"""
+
+
+def test_a_torch_style_file_loads_the_same_through_every_keyword_style(tmp_path):
+    """One behaviour per source: a file with its own PYBIND11_MODULE works as load(path) and as load_inline's
+    cpp= (kernelkit's form), giving the same function as torch's form."""
+    src = tmp_path / "kk_onefile.cpp"
+    src.write_text(TORCH_STYLE_ONE_FILE.replace("KK_K", "3"))
+    as_card = kernelkit.load(str(src))
+    as_cell = kernelkit.load_inline("kk_onefile_cell", cpp=TORCH_STYLE_ONE_FILE.replace("KK_K", "3"))
+    x = torch.randn(5, dtype=torch.float64)
+    for lib in (as_card, as_cell):
+        torch.testing.assert_close(lib.plus_k(x), x + 3, rtol=0, atol=0)
+        assert "x + K" in lib.plus_k.__doc__
+
+
+def test_torch_library_is_refused_before_it_aborts_the_process_as_a_python_module(tmp_path):
+    """A second definition of a TORCH_LIBRARY namespace aborts the process in torch: refused whatever
+    is_python_module is, and wherever the block sits (here in a local header)."""
+    (tmp_path / "ops.h").write_text(TORCH_LIBRARY_SRC.replace("KK_K", "1").replace("kk_tlib_test", "kk_tlib_py"))
+    src = tmp_path / "both.cpp"
+    src.write_text('#include <torch/extension.h>\n#include "ops.h"\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("one", [] { return 1; }); }\n')
+    mod = kernelkit.load("kk_tlib_py", [str(src)])
+    assert mod.one() == 1 and torch.ops.kk_tlib_py.plus_k(torch.ones(2)).tolist() == [2.0, 2.0]
+    (tmp_path / "ops.h").write_text(TORCH_LIBRARY_SRC.replace("KK_K", "2").replace("kk_tlib_test", "kk_tlib_py"))
+    before = kernelkit.STATS["compiles"]
+    with pytest.raises(KernelkitError, match=r"TORCH_LIBRARY\(kk_tlib_py, \.\.\.\) is already defined"):
+        kernelkit.load("kk_tlib_py", [str(src)])
+    assert kernelkit.STATS["compiles"] == before

@@ -2,11 +2,13 @@
 `gpu`), in-kernel Philox noise, errors, fake/opcheck, CUDA graphs, and a compile-only build for sm_90."""
 import pytest
 import torch
+from ops_helpers import DEVICES, FLOAT_DTYPES, assert_close, lib, noncontig
 
 import kernelkit
 from kernelkit.kernels import ddpm_step as kd  # the card module: its public ddpm_step
-from kernelkit.reference.ddpm_step import DDPMScheduler, ddpm_step as ref, ddpm_step_philox as ref_philox
-from ops_helpers import DEVICES, FLOAT_DTYPES, assert_close, lib, noncontig
+from kernelkit.reference.ddpm_step import DDPMScheduler
+from kernelkit.reference.ddpm_step import ddpm_step as ref
+from kernelkit.reference.ddpm_step import ddpm_step_philox as ref_philox
 
 CARD = "ddpm_step"
 SPACINGS = ("leading", "linspace", "trailing")

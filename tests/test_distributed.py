@@ -97,6 +97,18 @@ def _missing(rank, group):
     return {"so": _lib("f", "ok/f.cpp" if rank != 2 else "ok/nope.cpp", group)}
 
 
+def _unsafe(rank, group):
+    """Rank 2's own cache holds the build, but world-writable: its lookup raises before the exchange."""
+    lib = _lib("u", "part/f.cpp", None) if rank == 2 else None
+    if lib is not None:
+        os.chmod(lib, 0o777)
+    try:
+        return {"so": _lib("u", "part/f.cpp", group), "fn": "g"}
+    finally:
+        if lib is not None:
+            os.chmod(lib, 0o700)  # the later scenarios verify this cache
+
+
 def _kernels(rank, group):
     import kernelkit
 
@@ -139,7 +151,7 @@ def _verify(rank, group):
 SCENARIOS = {"ok": _ok, "again": _ok, "partial": _partial, "shared": _shared, "node": _node,
              "bad": lambda r, g: {"so": _lib("bad", "bad/f.cpp", g)},
              "diff": lambda r, g: {"so": _lib("diff", "diff/f.cpp", g)},
-             "missing": _missing, "kernels": _kernels, "card": _card,
+             "missing": _missing, "unsafe": _unsafe, "kernels": _kernels, "card": _card,
              "card_kernels": _card_kernels, "verify": _verify}
 
 
@@ -267,8 +279,17 @@ def test_a_rank_that_cannot_plan_makes_every_rank_raise(job):
     res = _all(job, "missing")
     assert res[2]["error"] == "FileNotFoundError" and "nope.cpp" in res[2]["message"]
     for r in (0, 1, 3):
-        assert res[r]["error"] == "KernelkitError" and "rank 2 could not plan" in res[r]["message"]
+        assert res[r]["error"] == "KernelkitError" and "rank 2: FileNotFoundError" in res[r]["message"]
         assert "nope.cpp" in res[r]["message"]
+
+
+def test_a_rank_whose_own_cache_raises_makes_every_rank_raise_at_once(job):
+    """Not a wait for the process group's timeout: the failing rank raises its own error, the others name it."""
+    res = _all(job, "unsafe")
+    assert res[2]["error"] == "CacheSecurityError", res[2]
+    for r in (0, 1, 3):
+        assert res[r]["error"] == "KernelkitError" and "rank 2: CacheSecurityError" in res[r]["message"], res[r]
+        assert res[r]["seconds"] < 60 and res[r]["compiles"] == 0
 
 
 def test_instant_kernels_compile_once_and_arrive_in_each_cache(job):

@@ -282,7 +282,7 @@ def test_build_failure_falls_back_to_torch_ops(probe_lib, monkeypatch, tmp_path,
 @pytest.fixture
 def background(monkeypatch):
     """A fresh fast call state with module() replaced by a spy: ``run(cpus, ready_made)`` starts
-    prepare()'s thread, waits for it and returns how often module() was called."""
+    start()'s thread, waits for it and returns how often module() was called."""
     monkeypatch.setattr(fastcall, "_STATE", {"module": None, "tried": False, "error": None, "thread": None})
     monkeypatch.setenv("KERNELKIT_VERBOSE", "1")
     calls = []
@@ -291,8 +291,8 @@ def background(monkeypatch):
     def run(cpus, ready_made):
         monkeypatch.setattr(fastcall.os, "cpu_count", lambda: cpus)
         monkeypatch.setattr(fastcall, "ready_made", lambda t: ready_made)
-        fastcall.prepare()
-        fastcall.prepare()  # a second op asking starts nothing more
+        fastcall.start()
+        fastcall.start()  # a second op asking starts nothing more
         fastcall._STATE["thread"].join(30)
         return len(calls)
 
@@ -329,5 +329,5 @@ def test_a_cached_module_is_loaded_on_a_small_machine_without_announcement(backg
 def test_disabled_starts_no_thread(monkeypatch):
     monkeypatch.setattr(fastcall, "_STATE", {"module": None, "tried": False, "error": None, "thread": None})
     monkeypatch.setenv("KERNELKIT_FASTCALL", "0")
-    fastcall.prepare()
+    fastcall.start()
     assert fastcall._STATE["thread"] is None and fastcall.module() is None

@@ -12,9 +12,11 @@ import textwrap
 import pytest
 
 import kernelkit
+from kernelkit import device_output
 from kernelkit.errors import KernelkitError
-from kernelkit.inspect import device_output, reports, resources, tools
+from kernelkit.inspect import compile_report as reports
 from kernelkit.inspect import occupancy as occ
+from kernelkit.inspect import resources, tools
 
 SIMPLE = textwrap.dedent("""\
     extern "C" __global__ void scale(const float* x, float* out, float a, int n) {
@@ -231,6 +233,7 @@ ASSERTING = 'extern "C" __global__ void check(int n) { assert(n > 0); }'
 @pytest.mark.gpu
 def test_only_kernels_that_print_launch_through_the_labelling_wrapper(tmp_path, monkeypatch):
     import torch
+
     from kernelkit.instant import launcher
 
     monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "cache"))
@@ -314,7 +317,7 @@ def test_capture_orders_c_output_with_python_prints(tmp_path):
 # ------------------------------------------------------------------------------- launch brackets (no GPU)
 BRACKET_SCRIPT = textwrap.dedent("""\
     import ctypes, kernelkit
-    from kernelkit.inspect import device_output
+    from kernelkit import device_output
     libc = ctypes.CDLL(None)
     print("before")
     with kernelkit.inspect.capture():

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from loader_cards import run_python, write_affine, write_square
 
 import kernelkit
 from kernelkit.jit import cache
-from loader_cards import run_python, write_affine, write_square
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -280,7 +280,7 @@ def test_foreign_owned_entry_is_refused(card_dir):
 
 
 def test_cache_dir_is_private():
-    mode = stat.S_IMODE(os.stat(kernelkit.cache_dir()).st_mode)
+    mode = stat.S_IMODE(os.stat(cache.cache_dir()).st_mode)
     assert mode & 0o077 == 0
 
 

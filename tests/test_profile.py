@@ -292,7 +292,7 @@ def test_a_function_of_an_extension_kernelkit_loaded_is_imported_again_from_its_
     import importlib.machinery
     import types
 
-    from kernelkit.jit import api
+    from kernelkit.jit import registry
 
     _fake_ncu(tmp_path, monkeypatch, f"""\
         Path(spec["result"]).write_text("{{}}")
@@ -306,7 +306,7 @@ def test_a_function_of_an_extension_kernelkit_loaded_is_imported_again_from_its_
     scale.__module__ = "my_ext_0123abcd"  # the import name its pybind11 functions carry
     module.__spec__ = importlib.machinery.ModuleSpec("my_ext_0123abcd", None)
     module.scale = scale
-    monkeypatch.setitem(api._EXTENSIONS, "somekey", (module, tmp_path / "my_ext.so"))
+    monkeypatch.setitem(registry.EXTENSIONS, "somekey", (module, tmp_path / "my_ext.so"))
     res = kernelkit.profile(scale, torch.ones(3))
     assert res.op == "my_ext.scale"
     assert json.loads((tmp_path / "spec.json").read_text())["call"] == {

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelkit.harness import runner
-from kernelkit.frontends.cli import main
 from kernelkit.errors import KernelkitError
+from kernelkit.frontends.cli import main
+from kernelkit.harness import runner
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -98,11 +98,11 @@ class FakeBuilds:
 
     def install(self, monkeypatch):
         monkeypatch.setattr(runner, "all_cards", lambda kernels_dir=None: self.cards)
-        monkeypatch.setattr(runner, "_plan", lambda name, opts: name)
-        monkeypatch.setattr(runner, "_build_target", self.build)
-        monkeypatch.setattr(runner.api, "load", self.load)
+        monkeypatch.setattr(runner, "find", lambda name, kernels_dir=None: self.cards[name])
+        monkeypatch.setattr(runner, "_build_card", self.build)
+        monkeypatch.setattr(runner.loading, "load", self.load)
 
-    def build(self, name):
+    def build(self, name, opts):
         with self.lock:
             self.running += 1
             self.most = max(self.most, self.running)
@@ -149,13 +149,17 @@ def test_run_builds_at_most_one_card_per_cpu(tmp_path, monkeypatch):
 
 
 def test_a_card_that_cannot_be_planned_fails_alone(monkeypatch):
-    def plan(name, opts):
-        if name == "bad":
-            raise SyntaxError("invalid syntax (bad.py, line 3)")
-        return name
+    class Card:
+        def __init__(self, name):
+            self.name = name
 
-    monkeypatch.setattr(runner, "_plan", plan)
-    monkeypatch.setattr(runner, "_build_target", lambda name: runner.Built(cached=True))
+        @property
+        def spec(self):  # the card's spec file is imported here, before any build thread starts
+            if self.name == "bad":
+                raise SyntaxError("invalid syntax (bad.py, line 3)")
+
+    monkeypatch.setattr(runner, "find", lambda name, kernels_dir=None: Card(name))
+    monkeypatch.setattr(runner, "_build_card", lambda name, opts: runner.Built(cached=True))
     built = runner.build_all(["good", "bad"], runner.Options(), say=lambda m: None)
     assert built["good"].cell == "cached"
     assert built["bad"].cell == "FAIL" and built["bad"].error == "SyntaxError: invalid syntax (bad.py, line 3)"

@@ -19,7 +19,7 @@ import torch
 import kernelkit
 from kernelkit.kernels import conv1d_gn_mish as conv_card
 
-from .unet import Conv1dBlock, ConditionalUnet1D
+from .unet import ConditionalUnet1D, Conv1dBlock
 
 
 def kernelkit_step(model_output: torch.Tensor, timestep: torch.Tensor, sample: torch.Tensor, coeffs: torch.Tensor,

@@ -13,13 +13,12 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from .. import __version__
 from ..errors import KernelkitError
 from ..harness import report
 from ..jit import cache
 from ..jit.cards import declared_sources, search_path
+from ..version import __version__
 from . import harness_commands, scaffold
-
 
 DESCRIPTION = "Build, check and time the CUDA/C++ kernel cards on the search path, and manage the build cache."
 EXAMPLES = """examples:
@@ -69,10 +68,11 @@ def cmd_cache(args) -> int:
         elif not rows:
             print("cache is empty")
         else:
-            print(f"{'name':<24} {'key':<16} {'size':>9} {'built in':>9}  {'last used':<16}")
+            print(f"{'name':<24} {'key':<16} {'size':>9} {'built in':>9}  {'last used':<16}  origin")
             for r in rows:
                 secs = f"{r['build_seconds']:.1f} s" if r["build_seconds"] is not None else "-"
-                print(f"{r['name']:<24} {r['key']:<16} {_size(r['size']):>9} {secs:>9}  {_when(r['last_used']):<16}")
+                origin = "built here" if r.get("received_from_rank") is None else f"received from rank {r['received_from_rank']}"
+                print(f"{r['name']:<24} {r['key']:<16} {_size(r['size']):>9} {secs:>9}  {_when(r['last_used']):<16}  {origin}")
     elif args.action == "clear":
         print(f"removed {cache.clear()} entries from {cache.cache_dir()}")
     elif args.action == "gc":
@@ -87,6 +87,11 @@ def cmd_cache(args) -> int:
             print(f"corrupt {f['kind']} {f['entry']}: {f['reason']} ({done})")
         if not args.json:
             print(f"{len(found) - len(bad)} entries ok, {len(bad)} corrupt")
+            received = sum(1 for r in cache.entries() if r.get("received_from_rank") is not None)
+            if received:
+                print(f"{received} libraries were received from another rank of a group= job: verify checks that "
+                      "they are the bytes recorded when they arrived, which matched the sha256 the sending rank "
+                      "announced; it cannot tell what that rank compiled (docs/distributed.md, 'What a rank trusts')")
         return 1 if any(not f["removed"] for f in bad) else 0
     return 0
 
@@ -142,13 +147,13 @@ def cmd_list(args) -> int:
 
 def cmd_build(args) -> int:
     """Fill the cache without loading (works without a GPU, given --arch)."""
-    from ..jit import api
+    from .. import loading
 
     failed = 0
     for card in harness_commands.find_cards(args.ops, args.kernels_dir):
         try:
             harness_commands.card_spec(card)
-            info = api.load(card.name, kernels_dir=args.kernels_dir, arch=args.arch, load=False)
+            info = loading.load(card.name, kernels_dir=args.kernels_dir, arch=args.arch, load=False)
             how = "cached" if info.cached else f"built in {info.build_seconds:.1f} s"
             print(f"{card.name:<24} {info.key[:16]}  {how}  {info.path}")
         except KernelkitError as e:

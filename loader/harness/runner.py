@@ -20,11 +20,10 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Text
 
 import torch
 
+from .. import loading
 from ..errors import KernelkitError
-from ..jit import api, fastcall
-from ..jit import build as _build
+from ..jit import fastcall
 from ..jit.cards import all_cards, find
-from ..jit.plan import plan_card
 from . import report
 from .bandwidth import device_bandwidth, device_name
 from .bench import BenchResult, bench, write_csv
@@ -107,16 +106,11 @@ def _failure(e: BaseException) -> str:
     return str(e) if isinstance(e, KernelkitError) else f"{type(e).__name__}: {e}"
 
 
-def _plan(name: str, opts: Options) -> _build.Target:
-    """The card's build target, planned exactly as ``kernelkit.load`` plans it."""
-    return plan_card(find(name, opts.kernels_dir), opts.arch, [], [], [], [])
-
-
-def _build_target(target: _build.Target) -> Built:
-    """Put ``target`` into the cache as ``kernelkit.load(..., load=False)`` would, without the lock ``load``
-    holds (it would make concurrent builds wait for each other)."""
-    _, cached, seconds = api.obtain(target)
-    return Built(cached, seconds)
+def _build_card(name: str, opts: Options) -> Built:
+    """Put the card into the cache: ``kernelkit.load(..., load=False)``, which builds outside any
+    process-wide lock, so cards build side by side."""
+    info = loading.load(name, kernels_dir=opts.kernels_dir, arch=opts.arch, load=False)
+    return Built(info.cached, info.build_seconds)
 
 
 def builds_as_done(names: Sequence[str], opts: Options, say: Callable[[str], None]) -> Iterator[Tuple[str, Built]]:
@@ -124,15 +118,16 @@ def builds_as_done(names: Sequence[str], opts: Options, say: Callable[[str], Non
     each finishes (a card that cannot be planned first), so its check can start while the others compile.
     Builds are compiler processes, so threads suffice, and the cache's file locks keep concurrent builders
     of a shared object apart; each build's failure is kept as its card's. Planning (it imports the cards'
-    specs) stays in this thread."""
-    targets = {}
+    specs) stays in this thread: the builds find them imported."""
+    targets = []
     for name in names:
         if name == fastcall.AOT_NAME:  # kernelkit's own module, not a card: run_card builds it
             yield name, None
             continue
         try:
-            targets[name] = _plan(name, opts)
-        except Exception as e:  # noqa: BLE001 - a card that cannot be planned is that card's failure
+            find(name, opts.kernels_dir).spec  # noqa: B018 - imports the spec here, not in a build thread
+            targets.append(name)
+        except Exception as e:  # noqa: BLE001 - a card whose spec does not import is that card's failure
             yield name, Built(error=_failure(e))
     if not targets:
         return
@@ -140,7 +135,7 @@ def builds_as_done(names: Sequence[str], opts: Options, say: Callable[[str], Non
     say(f"building {len(targets)} card(s), {workers} at a time")
     pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="kernelkit-run-build")
     try:
-        futures = {pool.submit(_build_target, target): name for name, target in targets.items()}
+        futures = {pool.submit(_build_card, name, opts): name for name in targets}
         for future in concurrent.futures.as_completed(futures):
             try:
                 built = future.result()
@@ -181,7 +176,7 @@ def run_card(card, gpu: bool, opts: Options, say: Callable[[str], None], built: 
         return cr
     t0 = time.perf_counter()
     try:
-        lib = api.load(card.name, kernels_dir=opts.kernels_dir, arch=opts.arch, load=device is not None)
+        lib = loading.load(card.name, kernels_dir=opts.kernels_dir, arch=opts.arch, load=device is not None)
     except KernelkitError as e:
         cr.build = "FAIL"
         cr.fail("build", str(e))

@@ -16,7 +16,7 @@ from .spec import Spec
 
 
 @dataclasses.dataclass
-class Target:
+class Resolved:
     spec: Optional[Spec]  # None for a bare callable
     op: Callable[..., Any]
     device: torch.device
@@ -43,25 +43,25 @@ def card_op(spec: Spec, lib: Any = None) -> Callable[..., Any]:
     if builtin and hasattr(ops, spec.name):
         return getattr(ops, spec.name)
     if lib is None:
-        from ..jit import api
+        from .. import loading
 
-        lib = api.load(spec.name)
+        lib = loading.load(spec.name)
     return getattr(lib, spec.name)
 
 
 def load(name: str, kernels_dir: Any = None, **load_kw) -> Any:
     """Build/load the card ``name`` (searched in ``kernels_dir``, else KERNELKIT_PATH + built-in); it must
     have a spec."""
-    from ..jit import api
+    from .. import loading
 
-    lib = api.load(name, kernels_dir=kernels_dir, **load_kw)
+    lib = loading.load(name, kernels_dir=kernels_dir, **load_kw)
     if lib.spec is None:
         raise KernelkitError(f"card {name!r} has no spec ({name}.py defining SPEC): nothing to check or time")
     return lib
 
 
 def resolve(target: Any, *, spec: Optional[Spec] = None, kernels_dir: Any = None, device: Any = None,
-            lib: Any = None) -> Target:
+            lib: Any = None) -> Resolved:
     """(spec, op, device, lib) for ``target``: a card name (built/loaded from ``kernels_dir``), a
     :class:`Spec` (its op: :func:`card_op`), or a callable (``spec`` describes it, when given). ``lib`` is
     the card's library when the caller loaded it already. ``device`` defaults to :func:`default_device`."""
@@ -83,4 +83,4 @@ def resolve(target: Any, *, spec: Optional[Spec] = None, kernels_dir: Any = None
         if device is None:
             raise KernelkitError(f"{spec.name}: implemented for {list(spec.devices)} only, and no CUDA GPU is "
                                  "available")
-    return Target(spec, op, torch.device(device), lib)
+    return Resolved(spec, op, torch.device(device), lib)

@@ -73,9 +73,9 @@ def _resolve(target, arch=None, kernels_dir=None) -> _Target:
                 raise KernelkitError(f"target: {p} does not exist")
             digest = hashlib.sha256(p.read_bytes()).hexdigest()
             return _Target(p.stem.split(".")[0], digest, p.resolve(), arch)
-        from ..jit import api  # a card name: build it into the cache (compile only, no GPU needed)
+        from .. import loading  # a card name: build it into the cache (compile only, no GPU needed)
 
-        info = api.load(str(target), kernels_dir=kernels_dir, arch=arch, load=False)
+        info = loading.load(str(target), kernels_dir=kernels_dir, arch=arch, load=False)
         return _Target(info.name, info.key, Path(info.path), None)
     raise KernelkitError(f"target: expected a card name, a kernelkit.Library, a load_kernels module or a binary's "
                          f"path, got {type(target).__name__}")

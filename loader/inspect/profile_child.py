@@ -19,13 +19,13 @@ def _preload(entries) -> None:
     """Load the builds the op lives in, so its namespace exists in this process."""
     import torch
 
-    import kernelkit
+    from kernelkit import loading
     from kernelkit.jit.library import Library
 
     for entry in entries:
         if entry["kind"] == "card":
             options = dict(entry["options"])
-            lib = kernelkit.load(options.pop("name"), **options)
+            lib = loading.load(options.pop("name"), **options)
             if lib.key != entry["key"]:
                 raise RuntimeError(f"card {lib.name} changed since the profiling process's parent loaded it (build "
                                    f"{entry['key'][:12]}, now {lib.key[:12]}): reload it there (kernelkit.refresh()) "

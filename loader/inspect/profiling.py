@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..errors import KernelkitError
 from ..harness import report
 from . import tools
-from .reports import _short
+from .compile_report import _short
 
 _FLOP_OPS = {"fp64": "d", "fp32": "f", "fp16": "h"}
 #: FLOPs per precision: add + mul + 2 * fma thread instructions (CUDA cores; tensor-core math is not counted)
@@ -530,7 +530,7 @@ def _plan(op, args: tuple, kwargs: dict, kernels_dir) -> Tuple[dict, List[dict],
 def _card_call(name: str, args: tuple, kwargs: dict, kernels_dir) -> Tuple[dict, List[dict], str]:
     import torch
 
-    from ..jit import api
+    from .. import loading
 
     size, dtype = kwargs.pop("size", None), kwargs.pop("dtype", None)
     if args and (size is not None or dtype is not None):
@@ -545,7 +545,7 @@ def _card_call(name: str, args: tuple, kwargs: dict, kernels_dir) -> Tuple[dict,
     if dtype is not None and not isinstance(getattr(torch, str(dtype), None), torch.dtype):
         raise ProfileError(f"dtype: expected a torch dtype or its name ('float32'), got {dtype!r}")
     # built here, not in the child: under ncu every compiler process it started would be followed
-    api.load(name, kernels_dir=kernels_dir, load=False)
+    loading.load(name, kernels_dir=kernels_dir, load=False)
     call = {"kind": "card", "card": name, "kernels_dir": None if kernels_dir is None else str(kernels_dir),
             "size": None if size is None else list(size), "dtype": dtype}
     return call, [], name
@@ -598,13 +598,13 @@ def _jsonable(value):
 def _extension_call(op) -> Optional[Tuple[dict, List[dict], str]]:
     """A pybind11 function of an extension kernelkit loaded (``load_inline(..., functions=...)``): imported
     again in the child from the same file; None for anything else."""
-    from ..jit import api, registry
+    from ..jit import registry
 
     module_name, name = getattr(op, "__module__", None), getattr(op, "__name__", None)
     if not isinstance(module_name, str) or not isinstance(name, str) or module_name in sys.modules:
         return None
     modules = [(lib._pymodule, lib.path) for lib in list(registry.BY_KEY.values()) if lib._pymodule is not None]
-    modules += [(m, so) for m, so in list(api._EXTENSIONS.values()) if isinstance(m, types.ModuleType)]
+    modules += [(m, so) for m, so in registry.extensions() if isinstance(m, types.ModuleType)]
     for module, path in modules:
         if getattr(module, name, None) is op:
             call = {"kind": "extension", "import_name": module.__spec__.name, "path": str(path), "attr": name}

@@ -25,14 +25,14 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tupl
 
 from ..diagnostics import parse_diagnostics
 from ..errors import BuildError, KernelkitError, SourcesChanged
-from . import cache, reaper, toolchain
+from . import cache, keys, reaper, sources, toolchain
 from .progress import Status, say
-from .sources import INCLUDE, digest_tree, scan_includes, sha256_bytes, sha256_file
+from .sources import INCLUDE, digest_tree, scan_includes, sha256_file
 
 log = logging.getLogger("kernelkit")
 
 #: counters a test (or a curious user) can read: how many compiler/linker processes this process ran
-STATS = {"compiles": 0, "links": 0, "pch_builds": 0, "pch_used": 0, "pch_rejected": 0}
+STATS = {"compiles": 0, "links": 0, "joins": 0, "pch_builds": 0, "pch_used": 0, "pch_rejected": 0}
 
 
 @dataclasses.dataclass
@@ -48,6 +48,10 @@ class Unit:
     digest: str = ""  # the TU's text + local headers, by content (what an AOT source key is made of)
     pch_defines: Optional[List[str]] = None  # a binding TU that starts with <kernelkit/binding.h>
     uses_torch: bool = False  # includes torch's headers: a .cu that does takes tens of seconds to compile
+    roots: List[Path] = dataclasses.field(default_factory=list)  # what the digest names deps relative to
+    #: how its object is made when not by running the compiler on it: ``(unit, target, out, depfile)``
+    #: (a torch-including .cu: jit.torch_cu splits it, or compiles it as written)
+    builder: Optional[Callable[["Unit", "Target", Path, Path], None]] = None
 
     def command(self, out: Path, extra: Sequence[str] = ()) -> List[str]:
         compiler = toolchain.nvcc() if self.kind == "cu" else toolchain.cxx()
@@ -93,8 +97,8 @@ def plan_unit(kind: str, path: Path, text: str, include_dirs: Sequence[Path], ex
               pch_defines: Optional[List[str]] = None, torch_style: bool = False) -> Unit:
     """``torch_style``: ``extra`` already holds every flag torch's own JIT build would pass (the
     torch.utils.cpp_extension drop-in); only the local include dirs are added."""
-    deps, uses_torch = scan_includes(text, path.parent, include_dirs)
     incs = [f"-I{d}" for d in include_dirs]
+    deps, uses_torch, roots = keys.unit_inputs(kind, path, text, [*incs, *extra])
     compiler_id = toolchain.nvcc_fingerprint() if kind == "cu" else ""
     if torch_style:
         flags = [*incs, *([optimize] if optimize else [])]
@@ -104,6 +108,7 @@ def plan_unit(kind: str, path: Path, text: str, include_dirs: Sequence[Path], ex
                  *toolchain.gencode_flags(archs), *incs]
         if uses_torch:  # only then pay for torch's include paths and its half-operator switches
             flags += [f"-I{p}" for p in toolchain.torch_include_paths(True)]
+            flags.append(f"-I{toolchain.python_include()}")  # <torch/extension.h> pulls Python.h
             flags += toolchain.torch_nvcc_flags() + [f"-D_GLIBCXX_USE_CXX11_ABI={toolchain.cxx11_abi()}"]
     else:
         flags = [toolchain.cxx_standard_flag(), optimize, "-fPIC", "-fvisibility=hidden",
@@ -111,14 +116,11 @@ def plan_unit(kind: str, path: Path, text: str, include_dirs: Sequence[Path], ex
                  *[f"-I{p}" for p in toolchain.torch_include_paths(toolchain.torch_has_cuda())],
                  f"-I{toolchain.python_include()}", *toolchain.pybind_abi_flags()]
     flags += list(extra)
-    # Local include dirs enter the key by what they provide (the headers in ``deps``, hashed by content),
-    # not by where they are: the same card in another checkout reuses the same objects.
-    local = {f"-I{d}" for d in include_dirs}
-    key_flags = ["-I<local>" if f in local else f for f in flags]
-    digest = digest_tree(text.encode(), deps)
-    key = sha256_bytes(b"unit", kind.encode(), toolchain.fingerprint().encode(), compiler_id.encode(),
-                       "\0".join(key_flags).encode(), digest.encode())
-    return Unit(kind, path, display, flags, key, deps, digest, pch_defines, uses_torch)
+    if kind == "cu":
+        sources.refuse_shell_expansion([*flags, str(path), str(cache.cache_dir())], f"compiling {display} with nvcc")
+    digest = digest_tree(text.encode(), deps, roots)
+    key = keys.unit_key(kind, flags, include_dirs, digest, toolchain.fingerprint(), compiler_id)
+    return Unit(kind, path, display, flags, key, deps, digest, pch_defines, uses_torch, roots)
 
 
 def link_flags(with_cuda: bool, pymodule: bool, extra: Sequence[str], standalone: bool = False) -> List[str]:
@@ -138,8 +140,7 @@ def link_flags(with_cuda: bool, pymodule: bool, extra: Sequence[str], standalone
 
 
 def target_key(name: str, units: Sequence[Unit], ldflags: Sequence[str]) -> str:
-    return sha256_bytes(b"target", name.encode(), toolchain.fingerprint().encode(),
-                        "\0".join(ldflags).encode(), *[u.key.encode() for u in units])
+    return keys.target_key(name, toolchain.fingerprint(), ldflags, [u.key for u in units], keys.link_files(ldflags))
 
 
 # ----------------------------------------------------------------------------------------------- running
@@ -259,6 +260,29 @@ def _run(cmd: List[str], what: str, target: Target, counter: str) -> str:
     return output
 
 
+def _link(target: Target, cmd: List[str]) -> None:
+    """Link; a file the link flags name that changed since planning or during the link fails the build,
+    so a library is never cached under the key of an archive's old content."""
+    files = sources.link_inputs(target.ldflags, keys.toolchain_dirs())
+    before = sources.snapshot(files)
+
+    def changed(when: str) -> SourcesChanged:
+        named = ", ".join(map(str, files)) or "one of them, now removed"
+        return SourcesChanged(f"{target.name}: a file the link flags name ({named}) {when}; nothing was cached. "
+                              "Load again to build what is on disk now.")
+
+    if target_key(target.name, target.units, target.ldflags) != target.key:
+        raise changed("changed after planning")
+    try:
+        _run(cmd, f"linking {target.name}", target, "links")
+    except BuildError:
+        if sources.snapshot(files) != before:  # the linker read an archive half written by an edit
+            raise changed("changed while it was being linked") from None
+        raise
+    if sources.snapshot(files) != before:
+        raise changed("changed while it was being linked")
+
+
 def _in_parallel(fn: Callable[[Unit], Path], units: Sequence[Unit], target: Target) -> List[Path]:
     """``[fn(u) for u in units]`` on a thread per core. A compile error lets the others finish (their
     objects are cached for the next try); an interruption cancels what has not started, ends the running
@@ -316,15 +340,19 @@ def pch_enabled() -> bool:
 def _pch_plan(unit: Unit) -> Tuple[Path, List[str]]:
     """Where the precompiled <kernelkit/binding.h> for this TU's flags lives, and the command making it.
     Card include dirs are left out (gcc does not need -I to match), so every card shares one PCH."""
-    flags = [f for f in unit.flags
-             if not (f.startswith("-I") and f[2:] not in toolchain.torch_include_paths(True)
-                     and f[2:] not in toolchain.torch_include_paths(False) and f[2:] != str(INCLUDE)
-                     and f[2:] != toolchain.python_include())]
+    kept = {*toolchain.torch_include_paths(True), *toolchain.torch_include_paths(False), str(INCLUDE),
+            toolchain.python_include()}
+    flags, tokens = [], iter(unit.flags)
+    for f in tokens:
+        group = [f, next(tokens, "")] if f == "-I" else [f]  # -I dir: two tokens
+        inc = group[-1] if f == "-I" else f[2:] if f.startswith("-I") else None
+        if inc is None or inc in kept:
+            flags += group
     defines = [f"-D{d}" for d in unit.pch_defines or []]
     header = INCLUDE / "kernelkit" / "binding.h"
-    deps, _ = scan_includes(header.read_text(), header.parent, [INCLUDE])
-    key = sha256_bytes(b"pch", toolchain.fingerprint().encode(), "\0".join(flags + defines).encode(),
-                       digest_tree(header.read_bytes(), deps).encode())[:24]
+    forced = keys.forced_files(sources.include_search(flags, False, keys.toolchain_dirs()))  # read before it
+    deps, _ = scan_includes(header.read_text(), header.parent, [INCLUDE], forced=forced)
+    key = keys.pch_key(toolchain.fingerprint(), flags, defines, digest_tree(header.read_bytes(), deps, [INCLUDE]))
     pch_root = cache.subdir("pch") / key
     cmd = [toolchain.cxx(), *flags, *defines, "-x", "c++-header", str(header)]
     return pch_root, cmd
@@ -397,7 +425,7 @@ def _snapshot(unit: Unit) -> Dict[Path, Optional[tuple]]:
 def _as_planned(unit: Unit) -> bool:
     """Whether the TU and its local headers hash to the digest the unit's key was made from."""
     try:
-        return any(digest_tree(t, unit.deps) == unit.digest for t in _planned_texts(unit.path.read_bytes()))
+        return any(digest_tree(t, unit.deps, unit.roots) == unit.digest for t in _planned_texts(unit.path.read_bytes()))
     except OSError:
         return False
 
@@ -443,16 +471,10 @@ def _depfile_inputs(depfile: Path) -> Optional[List[Path]]:
     return [Path(re.sub(r"\\(.)", r"\1", t).replace("$$", "$")).resolve() for t in tokens]
 
 
-def _local_dirs(unit: Unit) -> List[Path]:
-    """Where the unit's own headers live: its directory and its -I dirs other than torch's and Python's."""
-    system = {*toolchain.torch_include_paths(True), *toolchain.torch_include_paths(False), toolchain.python_include()}
-    dirs = [f[2:] for f in unit.flags if f.startswith("-I") and f[2:] not in system]
-    return [Path(d).resolve() for d in [str(unit.path.parent), *dirs]]
-
-
 def _check_inputs(unit: Unit, target: Target, depfile: Path, before: Dict[Path, Optional[tuple]]) -> None:
-    """After a compile: every local file the compiler read is one the key covers, unchanged since planning
-    (by content) and untouched while compiling (by identity: an edit undone again is caught too)."""
+    """After a compile: every file the compiler read outside the toolchain's dirs is one the key covers,
+    unchanged since planning (by content) and untouched while compiling (by identity: an edit undone again
+    is caught too)."""
     if _snapshot(unit) != before or not _as_planned(unit):
         raise _changed(unit, target, before, during=True)
     read = _depfile_inputs(depfile)
@@ -460,18 +482,25 @@ def _check_inputs(unit: Unit, target: Target, depfile: Path, before: Dict[Path, 
         log.debug("no dependency file from compiling %s", unit.display)
         return
     covered = {unit.path.resolve(), *(d.resolve() for d in unit.deps)}
-    local = _local_dirs(unit)
-    unseen = [p for p in read if p not in covered and any(p.is_relative_to(d) for d in local)]
+    # a name no file has was not read: nvcc lists the names #line marks give (load_inline's "name/cuda.cu")
+    unseen = [p for p in read if p not in covered and not sources.under(p, keys.toolchain_dirs()) and p.exists()]
     if unseen:
         raise SourcesChanged(
             f"{unit.display}: the compiler read {', '.join(map(str, unseen))}, which kernelkit's include scan "
-            "did not find (an #include through a macro?), so the cache key does not cover it; nothing was "
-            "cached. Include it by name (#include \"...\").")
+            "did not find (an #include through a macro, or #include_next?), so the cache key does not cover it; "
+            "nothing was cached. Include it by name (#include \"...\" or <...> through an include flag).")
 
 
 def _compile_to(unit: Unit, target: Target, out: Path, depfile: Path) -> None:
-    """Run the compiler; a PCH that gcc cannot read (a hard error, not a skip) is dropped and the TU
-    compiled again without it."""
+    if unit.builder is not None:
+        unit.builder(unit, target, out, depfile)
+    else:
+        compile_as_written(unit, target, out, depfile)
+
+
+def compile_as_written(unit: Unit, target: Target, out: Path, depfile: Path) -> None:
+    """Run the compiler on the unit's file; a PCH that gcc cannot read (a hard error, not a skip) is dropped
+    and the TU compiled again without it."""
     what, deps = f"compiling {unit.display}", ["-MD", "-MF", str(depfile)]
     pch = _pch_flags(unit)
     try:
@@ -486,6 +515,17 @@ def _compile_to(unit: Unit, target: Target, out: Path, depfile: Path) -> None:
     if pch and "invalid-pch" in output:  # still correct (gcc read the header), just not faster
         STATS["pch_rejected"] += 1
         log.warning("precompiled binding.h was not usable for %s:\n%s", unit.display, output[-800:])
+
+
+def join_objects(objects: Sequence[Path], out: Path, target: Target) -> None:
+    """One relocatable object from several (``ld -r``): a split TU is cached and linked as one object."""
+    _run([toolchain.cxx(), "-r", "-nostdlib", *map(str, objects), "-o", str(out)], f"joining the objects of {target.name}",
+         target, "joins")
+
+
+def compile_cached(unit: Unit, target: Target) -> Path:
+    """The unit's object from the cache, or compiled and cached now (a part of a split TU)."""
+    return _compile(unit, target)
 
 
 def _compile(unit: Unit, target: Target) -> Path:
@@ -553,14 +593,21 @@ def _compile_noting_torch_cost(unit: Unit, target: Target, fresh: bool) -> Path:
     t0 = time.perf_counter()
     obj = _compile(unit, target)
     seconds = time.perf_counter() - t0
-    if fresh and unit.kind == "cu" and unit.uses_torch and seconds >= SLOW_TORCH_UNIT_SECONDS \
-            and unit.display not in _HINTED:
-        _HINTED.add(unit.display)
-        say(f"{unit.display} includes torch's headers, so every edit of it recompiles them: this took "
-            f"{seconds:.0f} s. Kernels in a .cu without torch headers (launchers taking pointers and a "
-            "cudaStream_t, called from your .cpp) recompile in about a second: see the README, "
-            "'Porting from torch.utils.cpp_extension'.")
+    # a unit with a builder (a torch-style .cu: jit.torch_cu) says itself what it did and why
+    if fresh and unit.kind == "cu" and unit.uses_torch and unit.builder is None and seconds >= SLOW_TORCH_UNIT_SECONDS:
+        torch_cost_advice(unit, seconds, "")
     return obj
+
+
+def torch_cost_advice(unit: Unit, seconds: float, why: str) -> None:
+    """Once per file: what including torch's headers in a .cu cost, and how to avoid it by hand."""
+    if unit.display in _HINTED:
+        return
+    _HINTED.add(unit.display)
+    say(f"{unit.display} includes torch's headers, so every edit of it recompiles them{why}: this took "
+        f"{seconds:.0f} s. Kernels in a .cu without torch headers (launchers taking pointers and a "
+        "cudaStream_t, called from your .cpp) recompile in about a second: see the README, "
+        "'Porting from torch.utils.cpp_extension'.")
 
 
 def build(target: Target) -> Tuple[Path, bool, float]:
@@ -587,7 +634,7 @@ def build(target: Target) -> Tuple[Path, bool, float]:
                 out = tmp / target.so_name
                 cmd = [toolchain.cxx(), *[str(o) for o in objects], "-o", str(out), *target.ldflags,
                        *target.import_alias_flags()]
-                _run(cmd, f"linking {target.name}", target, "links")
+                _link(target, cmd)
                 seconds = time.perf_counter() - t0
                 manifest = {
                     "name": target.name, "key": target.key, "so": target.so_name, "sha256": sha256_file(out),

@@ -57,7 +57,7 @@ class _CardDirFinder:
     def __init__(self, d: Path):
         self.d = str(d)
 
-    def find_spec(self, name, path=None, target=None):
+    def find_spec(self, name, _path=None, _target=None):
         return None if "." in name else importlib.machinery.PathFinder.find_spec(name, [self.d])
 
 
@@ -228,7 +228,7 @@ def _literal_files(spec_file: Path) -> Tuple[Optional[List[str]], List[str]]:
     return sources, nvrtc
 
 
-def declared_sources(name: str, d: Path, note: Callable[[str], None] = lambda message: None) -> List[str]:
+def declared_sources(name: str, d: Path, note: Callable[[str], None] = lambda _message: None) -> List[str]:
     """The compiled files of card ``name`` in ``d``, relative to ``d``: its sources as Card.sources() gives
     them, then its NVRTC sources. Read from its spec's ``Spec(..., sources=[...], nvrtc_sources=[...])``
     without running it (and so without importing torch) when they are written out there; otherwise the
@@ -295,7 +295,7 @@ def _listed_files(card: Card) -> List[Path]:
     own: it shows when the card is loaded, not while the others are listed)."""
     try:
         return card.sources() + list(card.nvrtc_sources())
-    except Exception:
+    except Exception:  # noqa: BLE001 - whatever the spec raises is shown when that card is loaded
         return []
 
 

@@ -28,11 +28,11 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 from .. import errors as _errors
 from ..errors import BuildError, KernelkitError
 from . import build as _build
-from . import cache, prebuilt, toolchain
+from . import cache, keys, obtain, toolchain
 from .progress import say
 from .sources import sha256_file
 
-__all__ = ["prepare", "node_group", "check_group", "STATS"]
+__all__ = ["node_group", "check_group", "STATS"]
 
 #: what this process moved over its groups: builds received, and bytes sent or received
 STATS = {"received": 0, "sent_bytes": 0, "received_bytes": 0}
@@ -90,18 +90,24 @@ def _device(group):
 
 @contextlib.contextmanager
 def _collective(what: str, src: int, group) -> Iterator[None]:
-    """Turn a failed or timed-out collective into an error that says which rank was waited for."""
+    """Turn a failed or timed-out collective into an error that says what was waited for. Which rank is gone
+    is not known here (every error a live rank meets is exchanged and named instead): one died or exited
+    early, the building rank took longer than the group's timeout, or a rank did not make this call."""
     dist = _dist()
     try:
         yield
     except KernelkitError:
         raise
     except (RuntimeError, dist.DistError, ValueError) as e:  # gloo: peer closed / timed out; NCCL: watchdog
+        me, builder = dist.get_rank(group), dist.get_global_rank(group, src)
+        role = ("this rank builds for the others" if me == src else
+                f"rank {builder} (group rank {src}) builds for the others")
         raise KernelkitError(
-            f"{what}: the exchange with rank {dist.get_global_rank(group, src)} (group rank {src}, the building "
-            f"rank) failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}. That rank died, "
-            "took longer to build than the process group's timeout (init_process_group(timeout=...) bounds the "
-            "wait: make it longer than a cold build) or did not call with the same group=.") from None
+            f"{what}: a collective of the exchange failed on rank {dist.get_global_rank(group, me)} "
+            f"({role}): {str(e).splitlines()[0] if str(e) else type(e).__name__}. Another rank of the group died "
+            "or exited before this call, took longer to build than the process group's timeout "
+            "(init_process_group(timeout=...) bounds the wait: make it longer than a cold build), or did not "
+            "call with the same group=.") from None
 
 
 # ---------------------------------------------------------------------------------------- artifacts
@@ -135,20 +141,17 @@ def _target_files(target: _build.Target) -> Dict[str, str]:
         files[f"compile flags of {u.display}"] = u.key  # the unit key: what is left once the files agree
         for d in u.deps:
             files[f"file {target.display.get(str(d), d.name)}"] = _read(d)
+    for path, sha in keys.link_files(target.ldflags):  # an archive or object the link flags name
+        files[f"file {path}"] = sha
     return files
 
 
 def library_artifact(target: _build.Target, prebuilt_ok: bool) -> _Artifact:
     def local():
-        so = cache.verified_library(target.name, target.key)
-        if so is None and prebuilt_ok:
-            so = prebuilt.find_prebuilt(target)
-        return None if so is None else (so, True, 0.0)
+        return obtain.local(target, prebuilt_ok)
 
     def make():
-        from .api import obtain
-
-        so, cached, seconds = obtain(target, prebuilt_ok)
+        so, cached, seconds = obtain.obtain(target, prebuilt_ok)
         return (so, cached, seconds), so, {"build_seconds": round(seconds, 3)}
 
     def publish(data: bytes, info: dict):
@@ -201,11 +204,8 @@ def program_artifact(program) -> _Artifact:
         meta = info.get("meta") if isinstance(info.get("meta"), dict) else {}
         meta = {k: v for k, v in meta.items() if k not in ("sha256", "created")}  # recomputed on store
         with cache.locked(program.key, f"the instant kernels {program.name}"):
-            if nvrtc._cached(program) is None:
-                tmp = cache.private_tmpdir(f"{program.name}-nvrtc-") / "kernels.cubin"
-                with cache.writing(tmp):
-                    tmp.write_bytes(data)
-                cache.store_object(program.key, tmp, {**meta, "received_from_rank": info.get("from_rank")})
+            if nvrtc._cached(program) is None:  # stored as a local compile stores it (no tmp/ left behind)
+                nvrtc.store(program, data, {**meta, "received_from_rank": info.get("from_rank")})
             compiled = nvrtc._cached(program)
         if compiled is None:
             raise KernelkitError(f"{program.name}: the cubin received from rank {info.get('from_rank')} did not "
@@ -260,13 +260,24 @@ def planning_failed(error: BaseException, group, what: str, src: int = 0) -> Non
     _gather(group, src, what, {"error": _describe_error(error)})
 
 
-def _check_agreement(entries: List[dict], art: _Artifact, me: int, src: int, group) -> None:
+def _raise_failures(entries: List[dict], art: _Artifact, group, when: str, mine: Optional[BaseException]) -> None:
+    """Every rank raises once any rank reported an error: the failing rank its own, the others one naming
+    every rank that failed and why."""
     dist = _dist()
-    for r, e in enumerate(entries):
-        if e.get("error") is not None:
-            err = e["error"]
-            raise KernelkitError(f"{art.name}: rank {dist.get_global_rank(group, r)} could not plan the build, so "
-                                 f"no rank builds it: {err.get('type')}: {err.get('message')}")
+    failed = [(dist.get_global_rank(group, r), e["error"]) for r, e in enumerate(entries) if e.get("error") is not None]
+    if not failed:
+        return
+    if mine is not None:
+        raise mine
+    named = "; ".join(f"rank {r}: {err.get('type')}: {str(err.get('message')).splitlines()[0] if err.get('message') else ''}"
+                      for r, err in failed)
+    raise KernelkitError(f"{art.name}: {len(failed)} rank(s) of the group failed {when}, so no rank goes on: {named}")
+
+
+def _check_agreement(entries: List[dict], art: _Artifact, src: int, group,
+                     mine: Optional[BaseException] = None) -> None:
+    dist = _dist()
+    _raise_failures(entries, art, group, "before the exchange (planning or reading their cache)", mine)
     ref = entries[src]
     for r, e in enumerate(entries):
         if e["key"] != ref["key"]:
@@ -285,19 +296,20 @@ def exchange(art: _Artifact, group, src: int = 0):
     if not 0 <= src < n:
         raise ValueError(f"src: group rank {src} is not in a group of {n} ranks")
     what = f"{art.name} (group={n} ranks)"
-    have = art.local()
-    entries = _gather(group, src, what, {"key": art.key, "files": art.files, "have": have is not None})
-    _check_agreement(entries, art, me, src, group)
+    have, error = _attempt(art.local)
+    entries = _gather(group, src, what, {"key": art.key, "files": art.files, "have": have is not None,
+                                         "error": None if error is None else _describe_error(error)})
+    _check_agreement(entries, art, src, group, error)
     if all(e["have"] for e in entries):
         return have  # every cache holds it: nothing moves
     header, data, result = None, b"", None
     if me == src:
         try:
-            result, path, info = art.make() if have is None else (have, _artifact_file(art, have), {})
+            result, path, info = art.make() if have is None else (have, _artifact_file(have), {})
             data = Path(path).read_bytes()
             header = {"ok": True, "key": art.key, "sha256": _digest(data), "size": len(data),
                       "info": {**info, "from_rank": dist.get_global_rank(group, src)}}
-        except Exception as e:  # sent before it is raised here, so no rank waits for a build that failed
+        except Exception as e:  # noqa: BLE001 - sent before it is raised here, so no rank waits for a failed build
             header, failure = {"ok": False, "error": _describe_error(e)}, e
     box = [header]
     with _collective(what, src, group):
@@ -308,9 +320,11 @@ def exchange(art: _Artifact, group, src: int = 0):
             raise failure
         raise _rebuild_error(header["error"], dist.get_global_rank(group, src))
     if me != src:
-        have = art.local()  # a cache shared with the building rank holds it now
-    needs = _gather(group, src, what, me != src and have is None)
-    needy = [r for r, need in enumerate(needs) if need]
+        have, error = _attempt(art.local)  # a cache shared with the building rank holds it now
+    needs = _gather(group, src, what, {"need": me != src and have is None,
+                                       "error": None if error is None else _describe_error(error)})
+    _raise_failures(needs, art, group, "reading their cache after the build", error)
+    needy = [r for r, need in enumerate(needs) if need["need"]]
     if needy:
         got = _transfer(data, header["size"], needy, me, src, n, group, what)
         if me in needy:
@@ -324,7 +338,15 @@ def exchange(art: _Artifact, group, src: int = 0):
     return result if me == src else have
 
 
-def _artifact_file(art: _Artifact, have) -> Path:
+def _attempt(fn) -> Tuple[object, Optional[BaseException]]:
+    """(fn(), None), or (None, the exception): a rank's error is exchanged before it is raised."""
+    try:
+        return fn(), None
+    except Exception as e:  # noqa: BLE001 - every rank raises it (or names it) after the exchange
+        return None, e
+
+
+def _artifact_file(have) -> Path:
     return have[0] if isinstance(have, tuple) else have.cubin
 
 
@@ -380,16 +402,3 @@ def obtain_library(target: _build.Target, group, prebuilt_ok: bool = True):
 def obtain_program(program, group):
     """nvrtc.obtain under group=: the Compiled cubin."""
     return exchange(program_artifact(program), group)
-
-
-# ------------------------------------------------------------------------------------ for kernelkit.ops
-def prepare(*cards: str, group=None, kernels_dir=None, arch=None) -> list:
-    """Load ``cards`` on every rank of ``group`` (default: the whole job) with one build each, before code
-    calls them through ``kernelkit.ops``, which then finds them loaded. Collective: every rank calls it with
-    the same cards in the same order. Returns the Library of each."""
-    from .api import load
-
-    if not cards or not all(isinstance(c, str) for c in cards):
-        raise TypeError(f"prepare: expected card names, got {cards!r}")
-    group = check_group(group)
-    return [load(c, kernels_dir=kernels_dir, arch=arch, group=group) for c in cards]

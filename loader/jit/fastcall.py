@@ -21,10 +21,10 @@ from typing import Callable, List, Optional
 
 import torch
 
-from . import cache, prebuilt, progress, sources
 from . import build as _build
-from .plan import make_target
+from . import obtain, progress, sources
 from .library import import_extension
+from .plan import make_target
 
 log = logging.getLogger("kernelkit")
 
@@ -55,7 +55,7 @@ def background_build_pays() -> bool:
 
 def ready_made(t: _build.Target) -> bool:
     """Whether the module for ``t`` is prebuilt or in the cache, so loading it compiles nothing."""
-    return cache.verified_library(t.name, t.key) is not None or prebuilt.find_prebuilt(t) is not None
+    return obtain.local(t) is not None
 
 
 def target() -> _build.Target:
@@ -75,7 +75,7 @@ def module():
         if not _STATE["tried"]:
             try:
                 t = target()
-                so = prebuilt.find_prebuilt(t) or _build.build(t)[0]
+                so = obtain.obtain(t)[0]
                 _STATE["module"] = import_extension(MODULE_NAME, so)
             except Exception as e:  # noqa: BLE001 - an optimisation: any failure means the torch.ops path
                 _STATE["error"] = f"{type(e).__name__}: {e}"
@@ -106,7 +106,7 @@ def _background() -> None:
     module()
 
 
-def prepare() -> None:
+def start() -> None:
     """Start loading (or building, where it pays) the module in a background thread, once per process."""
     if _STATE["tried"] or not enabled():
         return
@@ -131,7 +131,7 @@ def wrap(overload: torch._ops.OpOverload):
     slow = getattr(overload, "_op", overload)
     mod = _STATE["module"] if enabled() else None
     if mod is None:
-        prepare()
+        start()
         return slow
     schema = overload._schema
     fast = mod.make(schema.name, schema.overload_name, slow)

@@ -6,14 +6,15 @@ it writes is generated source text, into the content-addressed ``src/`` cache (w
 """
 from __future__ import annotations
 
-import os
 import re
+import time
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 from ..errors import KernelkitError
 from . import build as _build
-from . import cache, toolchain
+from . import recall, toolchain, torch_cu
+from .cache import write_source
 from .cards import Card
 from .sources import INCLUDE, sha256_bytes
 
@@ -25,31 +26,6 @@ def display(path: Path) -> str:
         return str(path.relative_to(Path.cwd()))
     except ValueError:
         return str(path)
-
-
-def _holds(path: Path, data: bytes) -> bool:
-    try:
-        return path.is_file() and path.read_bytes() == data
-    except OSError:
-        return False
-
-
-def write_source(text: str, filename: str) -> Path:
-    """Generated or inline sources live in the cache under their content hash, written again when the
-    file there is not that text (truncated by a full disk, or tampered with)."""
-    d = cache.subdir("src") / sha256_bytes(text.encode(), filename.encode())[:24]
-    path = d / filename
-    data = text.encode()
-    if not _holds(path, data):
-        with cache.writing(d):
-            d.mkdir(exist_ok=True, mode=0o700)
-            tmp = d / f".{filename}.{os.getpid()}.tmp"
-            try:
-                tmp.write_bytes(data)
-                os.replace(tmp, path)
-            finally:
-                tmp.unlink(missing_ok=True)
-    return path
 
 
 def flag_list(value, what: str) -> List[str]:
@@ -167,7 +143,9 @@ def plan_inline(name: str, cuda: Optional[str], cpp: Optional[str], funcs: Dict[
             # torch-style cell (as torch's load_inline accepts): give it torch's types, keep line numbers
             text = f'#include <torch/types.h>\n#line 1 "{name}.cu"\n' + cuda
         path = write_source(text, f"{name}.cu")
-        units.append(_build.plan_unit("cu", path, text, include_dirs, cuflags, archs, f"{name}.cu"))
+        unit = _build.plan_unit("cu", path, text, include_dirs, cuflags, archs, f"{name}.cu")
+        torch_cu.prepare(unit)  # a cell whose device part uses torch: its kernels still rebuild alone
+        units.append(unit)
         texts[f"{name}.cu"] = cuda.splitlines()
     pymodule = None
     if cpp or funcs:
@@ -215,9 +193,11 @@ def plan_extension(name: str, sources: Sequence[Path], *, arch=None, extra_cflag
                    extra_ldflags=(), extra_include_paths=(), with_cuda: Optional[bool] = None,
                    is_python_module: bool = True, is_standalone: bool = False,
                    displays: Optional[Dict[Path, str]] = None,
-                   texts: Optional[Dict[str, List[str]]] = None) -> _build.Target:
+                   texts: Optional[Dict[str, List[str]]] = None, use_record: bool = False) -> _build.Target:
     """torch.utils.cpp_extension.load's build: each source its own cached unit, compiled with the flags
-    torch would use, linked the way torch links (torch_python too, unless standalone)."""
+    torch would use, linked the way torch links (torch_python too, unless standalone). ``use_record``: return
+    the target recorded for this very call when nothing it read has changed (a :class:`recall.Recalled`, which
+    can open a cached build but not build one), and record a full plan for the next process."""
     if not name.isidentifier():
         raise ValueError(f"name: expected a Python identifier (it names the extension module), got {name!r}")
     has_cuda_files = any(s.suffix in CUDA_SUFFIXES for s in sources)
@@ -230,20 +210,34 @@ def plan_extension(name: str, sources: Sequence[Path], *, arch=None, extra_cflag
         toolchain.check_cuda_match(name)
     archs = toolchain.arch_list(arch) if has_cuda_files else []
     include_dirs = [Path(p).resolve() for p in extra_include_paths]
+    kinds = {"cu" if s.suffix in CUDA_SUFFIXES else "cpp" for s in sources}
+    flags_by_kind = {k: _torch_style_flags(name, k, with_cuda, list(extra_cuda_cflags if k == "cu" else extra_cflags),
+                                           archs, is_standalone) for k in sorted(kinds)}
+    if use_record:
+        ldflags = _build.link_flags(with_cuda, not is_standalone, list(extra_ldflags), standalone=is_standalone)
+        call = recall.call_key(name, sources, {k: [f"-I{d}" for d in include_dirs] + f for k, f in flags_by_kind.items()},
+                               ldflags, name if is_python_module else None, is_standalone)
+        recalled = recall.recall(call)
+        if recalled is not None:
+            return recalled
+        started = time.time()
     units, shown_texts = [], dict(texts or {})
     for src in sources:
         kind = "cu" if src.suffix in CUDA_SUFFIXES else "cpp"
-        user = list(extra_cuda_cflags if kind == "cu" else extra_cflags)
-        flags = _torch_style_flags(name, kind, with_cuda, user, archs, is_standalone)
+        flags = flags_by_kind[kind]
         shown = (displays or {}).get(src) or display(src)
         text = src.read_text(errors="replace")
-        units.append(_build.plan_unit(kind, src, text, include_dirs, flags, archs, shown, optimize=None,
-                                      torch_style=True))
+        unit = _build.plan_unit(kind, src, text, include_dirs, flags, archs, shown, optimize=None, torch_style=True)
+        torch_cu.prepare(unit)  # a .cu that includes torch: split into host and device TUs where it can be
+        units.append(unit)
         shown_texts.setdefault(shown, text.splitlines())
     if is_python_module and not is_standalone:
         _require_module_init(name, units)
-    return make_target(name, units, with_cuda, name if is_python_module else None, list(extra_ldflags),
-                       shown_texts, torch_python=not is_standalone, standalone=is_standalone)
+    target = make_target(name, units, with_cuda, name if is_python_module else None, list(extra_ldflags),
+                         shown_texts, torch_python=not is_standalone, standalone=is_standalone)
+    if use_record:
+        recall.remember(call, target, started)
+    return target
 
 
 def _require_module_init(name: str, units: Sequence[_build.Unit]) -> None:
@@ -282,10 +276,11 @@ def _joined(sources: Union[None, str, Sequence[str]], what: str) -> List[str]:
 
 def plan_torch_inline(name: str, cpp_sources, cuda_sources, functions: Functions, *,
                       with_pytorch_error_handling: bool = True, no_implicit_headers: bool = False,
-                      **ext) -> _build.Target:
+                      implicit_main: bool = True, **ext) -> _build.Target:
     """torch.utils.cpp_extension.load_inline's sources, written as torch writes them (``main.cpp`` with
     ``<torch/extension.h>`` and the generated PYBIND11_MODULE, ``cuda.cu`` with torch's three includes),
-    with ``#line`` marks so the compiler cites the line in the string the user passed."""
+    with ``#line`` marks so the compiler cites the line in the string the user passed. ``implicit_main=False``
+    leaves out a ``main.cpp`` that would hold nothing but the include (kernelkit's inline form)."""
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"name: expected a Python identifier (it names the extension module), got {name!r}")
     cpp = _joined(cpp_sources, "cpp_sources")
@@ -303,8 +298,10 @@ def plan_torch_inline(name: str, cpp_sources, cuda_sources, functions: Functions
         main += f'#line 1 "{name}/<functions>"\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{\n{defs}}}\n'
     texts = {cpp_name: user_cpp.splitlines(), f"{name}/<functions>": ["PYBIND11_MODULE(...) {"]
              + [f"m.def(\"{f}\", ...)" for f in funcs]}
-    paths = [write_source(main, "main.cpp")]
-    displays = {paths[0]: cpp_name}
+    paths, displays = [], {}
+    if cpp or funcs or implicit_main:
+        paths.append(write_source(main, "main.cpp"))
+        displays[paths[0]] = cpp_name
     if cuda:
         head = "" if no_implicit_headers else "#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"
         path = write_source(f'{head}#line 1 "{cu_name}"\n{user_cu}\n', "cuda.cu")

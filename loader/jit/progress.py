@@ -28,7 +28,7 @@ def _notebook_display():
         from IPython.display import display
 
         return display({"text/plain": ""}, raw=True, display_id=True)
-    except Exception:
+    except Exception:  # noqa: BLE001 - no usable notebook display: plain lines on stderr instead
         return None
 
 

@@ -8,7 +8,8 @@ the loader: when a card that is called gets a new current build, its ops are reb
 from __future__ import annotations
 
 import threading
-from typing import Dict, Optional
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -26,6 +27,8 @@ CURRENT: Dict[str, Dict[str, torch._ops.OpOverload]] = {}
 #: card name -> {op name: eager callable}: kernelkit.fastcall's where its module is loaded, else the
 #: OpOverload's C++ callable
 FAST: Dict[str, Dict[str, object]] = {}
+#: build key -> (what load returned, the built file) of every torch-style extension loaded in this process
+EXTENSIONS: Dict[str, Tuple[object, Path]] = {}
 
 
 def add(lib: Library) -> None:
@@ -45,6 +48,21 @@ def activate(lib: Library) -> None:
 
 def by_key(key: str) -> Optional[Library]:
     return BY_KEY.get(key)
+
+
+def extension(key: str) -> Optional[Tuple[object, Path]]:
+    return EXTENSIONS.get(key)
+
+
+def add_extension(key: str, result: object, path: Path) -> None:
+    with _LOCK:
+        EXTENSIONS[key] = (result, path)
+
+
+def extensions() -> List[Tuple[object, Path]]:
+    """A snapshot of the torch-style extensions loaded: (what load returned, the built file) each."""
+    with _LOCK:
+        return list(EXTENSIONS.values())
 
 
 def latest(name: str) -> Optional[Library]:

@@ -14,8 +14,8 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from .. import __version__
 from ..errors import KernelkitError
+from ..version import __version__
 from . import cache
 
 log = logging.getLogger("kernelkit")

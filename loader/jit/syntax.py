@@ -1,0 +1,55 @@
+"""C++/CUDA source at the syntax level, through tree-sitter's CUDA grammar: the blocks a file defines with
+registration macros (``PYBIND11_MODULE(name, m) {...}``, ``TORCH_LIBRARY(ns, m) {...}``), found where the
+grammar sees a definition, not where the text merely mentions one (a comment, a string, a macro body)."""
+from __future__ import annotations
+
+import functools
+from typing import Iterator, List, NamedTuple, Sequence
+
+
+class MacroBlock(NamedTuple):
+    macro: str  # e.g. "TORCH_LIBRARY"
+    args: List[str]  # its arguments as written: ["myops", "m"]
+    line: int  # 1-based
+
+
+@functools.lru_cache(maxsize=None)
+def parser():
+    import tree_sitter
+    import tree_sitter_cuda
+
+    return tree_sitter.Parser(tree_sitter.Language(tree_sitter_cuda.language()))
+
+
+def parse(text: str):
+    return parser().parse(text.encode("utf-8", "surrogateescape"))
+
+
+def _walk(node) -> Iterator:
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        stack.extend(reversed(n.children))
+
+
+def macro_blocks(text: str, macros: Sequence[str]) -> List[MacroBlock]:
+    """Every ``MACRO(args) { ... }`` block of ``text`` whose macro is one of ``macros``, in file order, inside
+    namespaces and preprocessor conditionals too (which branch is compiled is not decided here)."""
+    wanted = set(macros)
+    if not any(m in text for m in wanted):  # most files: no parse at all
+        return []
+    found = []
+    for node in _walk(parse(text).root_node):
+        if node.type != "function_definition":
+            continue
+        declarator = node.child_by_field_name("declarator")
+        if declarator is None or declarator.type != "function_declarator":
+            continue
+        callee = declarator.child_by_field_name("declarator")
+        params = declarator.child_by_field_name("parameters")
+        if callee is None or params is None or callee.text.decode() not in wanted:
+            continue
+        args = [c.text.decode(errors="replace") for c in params.named_children]
+        found.append(MacroBlock(callee.text.decode(), args, node.start_point[0] + 1))
+    return found

@@ -1,0 +1,150 @@
+"""The arguments of ``load``/``load_inline``: torch.utils.cpp_extension's, positional ones in the order of the
+torch installed (torch 2.8 inserted the SYCL parameters), plus kernelkit's keywords; and torch's handling of
+flags (each stripped, then split the way the shell of torch's ninja build splits a command line)."""
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+import json
+import os
+import shlex
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+#: kernelkit's own keywords, beside torch's
+KERNELKIT_KEYWORDS = {
+    "load": ("kernels_dir", "arch", "load", "group"),
+    "load_inline": ("cuda", "cpp", "arch", "group"),
+}
+#: torch's keywords in every supported version (2.6+), so a call written for another torch is understood
+TORCH_KEYWORDS = {
+    "load": ("sources", "extra_cflags", "extra_cuda_cflags", "extra_sycl_cflags", "extra_ldflags",
+             "extra_include_paths", "build_directory", "verbose", "with_cuda", "with_sycl", "is_python_module",
+             "is_standalone", "keep_intermediates"),
+    "load_inline": ("cpp_sources", "cuda_sources", "sycl_sources", "functions", "extra_cflags", "extra_cuda_cflags",
+                    "extra_sycl_cflags", "extra_ldflags", "extra_include_paths", "build_directory", "verbose",
+                    "with_cuda", "with_sycl", "is_python_module", "with_pytorch_error_handling",
+                    "keep_intermediates", "use_pch", "no_implicit_headers"),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def torch_order(function: str) -> Tuple[str, ...]:
+    """The parameters after ``name`` of the installed torch's ``torch.utils.cpp_extension.<function>``: from the
+    module where it is imported, else from a record of it in the cache (importing it pulls in setuptools, tens
+    of milliseconds of a warm load)."""
+    module = sys.modules.get("torch.utils.cpp_extension")
+    if module is not None:
+        return _order(module, function)
+    return _recorded_orders()[function]
+
+
+def _order(module, function: str) -> Tuple[str, ...]:
+    return tuple(inspect.signature(getattr(module, function)).parameters)[1:]
+
+
+def _recorded_orders() -> Dict[str, Tuple[str, ...]]:
+    """Both functions' orders, recorded per torch install (keyed by the module file's size and mtime)."""
+    import torch
+
+    from ..jit import cache
+    from ..jit.sources import sha256_bytes
+
+    src = os.path.join(os.path.dirname(torch.__file__), "utils", "cpp_extension.py")
+    st = os.stat(src)
+    key = sha256_bytes(f"{src}\0{st.st_size}\0{st.st_mtime_ns}\0{torch.__version__}".encode())[:24]
+    path = cache.cache_dir() / f"torch-signatures-{key}.json"
+    try:
+        return {k: tuple(v) for k, v in json.loads(path.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        pass
+    from torch.utils import cpp_extension
+
+    orders = {f: _order(cpp_extension, f) for f in ("load", "load_inline")}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(orders))
+        os.replace(tmp, path)
+    except OSError:  # a read-only cache: the next process imports the module again
+        tmp.unlink(missing_ok=True)
+    return orders
+
+
+def bind(function: str, positional: Sequence[Any], keywords: Dict[str, Any]) -> Dict[str, Any]:
+    """Every argument by its name: positional ones in the installed torch's order (``load(name, sources,
+    extra_cflags, ...)``), keywords checked against torch's and kernelkit's names."""
+    accepted = TORCH_KEYWORDS[function] + KERNELKIT_KEYWORDS[function]
+    for k in keywords:
+        if k not in accepted:
+            close = difflib.get_close_matches(k, accepted, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; it takes: name, {', '.join(accepted)}"
+            raise TypeError(f"{function}() got an unexpected keyword argument {k!r}{hint}")
+    bound = dict(keywords)
+    if positional:
+        order = torch_order(function)
+        if len(positional) > len(order):
+            raise TypeError(f"{function}() takes at most {len(order) + 1} positional arguments (torch's order: name, "
+                            f"{', '.join(order)}), got {len(positional) + 1}")
+        for k, v in zip(order, positional):
+            if k in bound:
+                raise TypeError(f"{function}() got multiple values for argument {k!r} (positional, in torch's "
+                                f"order: name, {', '.join(order[:len(positional)])})")
+            bound[k] = v
+    return bound
+
+
+def _strings(value, what: str) -> List[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        raise TypeError(f"{what}: expected a list of strings, got the string {value!r} (wrap it in a list)")
+    out = list(value)
+    if not all(isinstance(v, str) for v in out):
+        raise TypeError(f"{what}: expected a list of strings, got {value!r}")
+    return out
+
+
+def flags(value, what: str) -> List[str]:
+    """``extra_cflags=["-g\\n", "-O0 -Wall"]`` is ``["-g", "-O0", "-Wall"]``, as torch's build runs it."""
+    out = []
+    for flag in _strings(value, what):
+        try:
+            out += shlex.split(flag.strip())
+        except ValueError as e:
+            raise ValueError(f"{what}: cannot split {flag!r} as a command line would ({e})") from None
+    return out
+
+
+def paths(value, what: str) -> List[str]:
+    """Include paths as torch takes them: each stripped of surrounding white space."""
+    return [p.strip() for p in _strings(value, what)]
+
+
+def refuse_sycl(args: Dict[str, Any]) -> None:
+    """torch's SYCL keywords are understood (calls written for torch 2.8+ pass them) but not built."""
+    for k in ("sycl_sources", "extra_sycl_cflags", "with_sycl"):
+        if args.get(k):
+            raise ValueError(f"{k}: kernelkit builds C++ and CUDA sources, not SYCL")
+
+
+def build_flags(args: Dict[str, Any]) -> Dict[str, List[str]]:
+    """The four flag lists every plan takes, normalised as torch normalises them."""
+    return {"extra_cflags": flags(args.get("extra_cflags"), "extra_cflags"),
+            "extra_cuda_cflags": flags(args.get("extra_cuda_cflags"), "extra_cuda_cflags"),
+            "extra_ldflags": flags(args.get("extra_ldflags"), "extra_ldflags"),
+            "extra_include_paths": paths(args.get("extra_include_paths"), "extra_include_paths")}
+
+
+def only_for_extensions(args: Dict[str, Any], name: str, needs: str) -> None:
+    """Keywords that mean something only for torch-style builds, given to a card or kernelkit-style load."""
+    given = [k for k in ("build_directory", "with_cuda", "is_standalone") if args.get(k) is not None and args.get(k) is not False]
+    if args.get("is_python_module") is False:
+        given.append("is_python_module")
+    if given:
+        raise ValueError(f"{given[0]}= applies to torch-style builds: pass {needs} too, or drop it to load {name!r}")
+
+
+def option(args: Dict[str, Any], key: str, default: Optional[Any] = None) -> Any:
+    value = args.get(key)
+    return default if value is None else value

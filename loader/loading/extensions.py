@@ -1,0 +1,70 @@
+"""torch-style extensions: ``load(name, sources, ...)`` and ``load_inline(name, cpp_sources, ...)`` with
+torch.utils.cpp_extension's arguments and results, each source its own cached unit."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Dict, List
+
+from ..jit import plan, recall
+from ..jit.distributed import joining
+from . import arguments
+from .opening import open_extension
+
+
+def source_paths(sources) -> List[Path]:
+    items = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
+    if not items:
+        raise ValueError("sources: expected at least one source file")
+    paths = []
+    for s in items:
+        if not isinstance(s, (str, os.PathLike)):
+            raise TypeError(f"sources: expected file paths, got {s!r:.80}")
+        p = Path(s).expanduser().resolve()
+        if not p.is_file():
+            raise FileNotFoundError(f"sources: {s} does not exist")
+        paths.append(p)
+    return paths
+
+
+def load(name: str, args: Dict[str, Any]):
+    python_module = arguments.option(args, "is_python_module", True)
+    group, do_load = args.get("group"), arguments.option(args, "load", True)
+    if group is not None:  # a rank whose planning fails still joins the exchange, so the others raise too
+        with joining(group, str(name)):
+            target = plan.plan_extension(str(name), _checked_paths(args), **_options(args, python_module))
+        return open_extension(target, python_module, args.get("build_directory"), do_load, group)
+    paths, options = _checked_paths(args), _options(args, python_module)
+    target = plan.plan_extension(str(name), paths, use_record=True, **options)  # a record when nothing changed
+    if isinstance(target, recall.Recalled):
+        result = open_extension(target, python_module, args.get("build_directory"), do_load, cached_only=True)
+        if result is not None:
+            return result
+        target = plan.plan_extension(str(name), paths, **options)  # its build is gone: plan it to build it
+    return open_extension(target, python_module, args.get("build_directory"), do_load)
+
+
+def _checked_paths(args: Dict[str, Any]) -> List[Path]:
+    if arguments.option(args, "is_python_module", True) and args.get("is_standalone"):
+        raise ValueError("is_python_module and is_standalone are mutually exclusive (pass "
+                         "is_python_module=False with is_standalone=True)")
+    return source_paths(args["sources"])
+
+
+def _options(args: Dict[str, Any], python_module: bool) -> Dict[str, Any]:
+    return dict(arch=args.get("arch"), with_cuda=args.get("with_cuda"), is_python_module=python_module,
+                is_standalone=bool(args.get("is_standalone")), **arguments.build_flags(args))
+
+
+def load_inline(name: str, args: Dict[str, Any]):
+    if args.get("cpp_sources") is None:
+        raise TypeError("load_inline() needs source code: cpp_sources (torch's form: name, cpp_sources, "
+                        "cuda_sources, ...) or kernelkit's cuda=/cpp= keywords")
+    python_module = arguments.option(args, "is_python_module", True)
+    with joining(args.get("group"), str(name)):
+        target = plan.plan_torch_inline(
+            name, args.get("cpp_sources"), args.get("cuda_sources"), args.get("functions"),
+            with_pytorch_error_handling=arguments.option(args, "with_pytorch_error_handling", True),
+            no_implicit_headers=bool(args.get("no_implicit_headers")), arch=args.get("arch"),
+            with_cuda=args.get("with_cuda"), is_python_module=python_module, **arguments.build_flags(args))
+    return open_extension(target, python_module, args.get("build_directory"), True, args.get("group"))

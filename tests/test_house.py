@@ -1,0 +1,132 @@
+"""The package's shape, checked: no import circles and no import that runs back up the layers (imports inside
+functions count: a lazy import is still a dependency), short functions, a narrow public face."""
+import ast
+import warnings
+from pathlib import Path
+
+import pytest
+
+import kernelkit
+
+ROOT = Path(kernelkit.__file__).resolve().parent
+
+#: module (or package prefix) -> layer; a module may import its own layer or lower ones, never a higher one
+LAYERS = [
+    ("kernelkit.version", 0), ("kernelkit.errors", 0), ("kernelkit.diagnostics", 0), ("kernelkit.device_output", 0),
+    ("kernelkit.jit.sources", 0), ("kernelkit.jit.progress", 0), ("kernelkit.jit.reaper", 0),
+    ("kernelkit.jit.syntax", 0), ("kernelkit.harness.spec", 0),
+    ("kernelkit.harness.timing", 0), ("kernelkit.harness.stats", 0), ("kernelkit.harness.guard", 0),
+    ("kernelkit.harness.report", 0), ("kernelkit.instant.signature", 0),
+    ("kernelkit.jit", 1),  # the JIT core: toolchain, cache, cards, plan, build, obtain, nvrtc, registry, ...
+    ("kernelkit.instant", 2),  # instant kernels, on the JIT core
+    ("kernelkit.loading", 3), ("kernelkit.distributed", 3), ("kernelkit.cpp_extension", 3), ("kernelkit.aot", 3),
+    ("kernelkit.patch", 3), ("kernelkit.patch_site", 3),
+    ("kernelkit.ops", 4), ("kernelkit.cardkit", 4), ("kernelkit.harness", 4), ("kernelkit.inspect", 4),
+    ("kernelkit.frontends", 5), ("kernelkit.__main__", 5),
+    ("kernelkit", 6),  # the face imports what it exports, lazily
+]
+
+
+def _modules():
+    mods = {}
+    for p in ROOT.rglob("*.py"):
+        parts = list(p.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        mods[".".join(["kernelkit", *parts])] = p
+    return mods
+
+
+def _edges(mods):
+    """module -> the kernelkit modules it imports anywhere in its text (top level or inside functions)."""
+    edges = {m: set() for m in mods}
+    for m, p in mods.items():
+        package = m if p.name == "__init__.py" else m.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                found = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in mods]
+                edges[m].update(found or ([target] if target in mods else []))
+            elif isinstance(node, ast.Import):
+                edges[m].update(a.name for a in node.names if a.name in mods)
+        edges[m].discard(m)
+    return edges
+
+
+def _layer(module):
+    return next(layer for prefix, layer in LAYERS if module == prefix or module.startswith(prefix + "."))
+
+
+def _cycles(edges):
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in edges:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circles():
+    assert _cycles(_edges(_modules())) == []
+
+
+def test_no_import_runs_back_up():
+    edges = _edges(_modules())
+    upward = sorted(f"{m} ({_layer(m)}) -> {t} ({_layer(t)})" for m, ts in edges.items() for t in ts
+                    if _layer(t) > _layer(m))
+    assert upward == []
+
+
+def test_the_scan_sees_function_local_imports():
+    """The checks above would pass vacuously if the scan missed imports: it must see lazy ones too."""
+    edges = _edges(_modules())
+    assert "kernelkit.instant.card_kernels" in edges["kernelkit.loading.cards"]  # imported inside a function
+    assert "kernelkit.jit.obtain" in edges["kernelkit.instant.launcher"]
+
+
+def test_functions_are_short():
+    long = []
+    for p in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60:
+                long.append(f"{p.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert long == []
+
+
+def test_a_narrow_face():
+    assert len(kernelkit.__all__) <= 32
+    for name in kernelkit.__all__:
+        assert getattr(kernelkit, name) is not None
+    assert not {"jit", "harness", "frontends", "magic", "randn", "elementwise_inputs"} & set(kernelkit.__all__)
+
+
+@pytest.mark.parametrize("old,new", [("randn", "cardkit"), ("ELEMENTWISE_SHAPES", "cardkit"), ("cache_dir", "cache")])
+def test_old_names_work_for_a_release_with_a_warning(old, new):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = getattr(kernelkit, old)
+    assert value is not None
+    assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught)
