@@ -449,3 +449,12 @@ def test_torch_library_is_refused_before_it_aborts_the_process_as_a_python_modul
     with pytest.raises(KernelkitError, match=r"TORCH_LIBRARY\(kk_tlib_py, \.\.\.\) is already defined"):
         kernelkit.load("kk_tlib_py", [str(src)])
     assert kernelkit.STATS["compiles"] == before
+
+
+def test_functions_passed_in_torch_2_7s_position_get_a_hint_on_a_newer_torch():
+    if "sycl_sources" not in inspect.signature(torch_ext.load_inline).parameters:
+        pytest.skip(f"torch {torch.__version__}: functions is load_inline's fourth parameter")
+    before = kernelkit.STATS["compiles"]
+    with pytest.raises(ValueError, match=r"\['twice'\] looks like function names: .* pass functions=\[...\] by keyword"):
+        kernelkit.load_inline("kk_old_order", INLINE_CPP_A, None, ["twice"])
+    assert kernelkit.STATS["compiles"] == before

@@ -125,7 +125,16 @@ def refuse_sycl(args: Dict[str, Any]) -> None:
     """torch's SYCL keywords are understood (calls written for torch 2.8+ pass them) but not built."""
     for k in ("sycl_sources", "extra_sycl_cflags", "with_sycl"):
         if args.get(k):
-            raise ValueError(f"{k}: kernelkit builds C++ and CUDA sources, not SYCL")
+            hint = ""
+            if k == "sycl_sources" and _names(args[k]):  # functions= passed fourth, in torch 2.7's order
+                hint = (f" ({args[k]!r} looks like function names: since torch 2.8 the fourth positional argument "
+                        "of load_inline is sycl_sources; pass functions=[...] by keyword)")
+            raise ValueError(f"{k}: kernelkit builds C++ and CUDA sources, not SYCL{hint}")
+
+
+def _names(value) -> bool:
+    items = [value] if isinstance(value, str) else value if isinstance(value, (list, tuple, dict)) else []
+    return bool(items) and all(isinstance(v, str) and v.isidentifier() for v in items)
 
 
 def build_flags(args: Dict[str, Any]) -> Dict[str, List[str]]:
