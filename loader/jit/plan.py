@@ -28,17 +28,6 @@ def display(path: Path) -> str:
         return str(path)
 
 
-def flag_list(value, what: str) -> List[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        raise TypeError(f"{what}: expected a list of strings, got the string {value!r} (wrap it in a list)")
-    out = list(value)
-    if not all(isinstance(v, str) for v in out):
-        raise TypeError(f"{what}: expected a list of strings, got {value!r}")
-    return out
-
-
 def function_map(functions: Functions) -> Dict[str, str]:
     """torch's ``functions=``: a name, a list of names, or a dict name -> docstring."""
     if functions is None:
@@ -119,7 +108,7 @@ def plan_card(card: Card, arch, extra_cflags, extra_cuda_cflags, extra_ldflags,
         units.append(_build.plan_unit("cpp", path, text, include_dirs, cflags, archs,
                                       f"{display(header)} (binding)", optimize="-O2",
                                       pch_defines=pch_defines(with_cuda)))
-    return make_target(card.name, units, with_cuda, None, flag_list(extra_ldflags, "extra_ldflags"), texts)
+    return make_target(card.name, units, with_cuda, None, list(extra_ldflags), texts)
 
 
 # ------------------------------------------------------------------------------- kernelkit inline cells

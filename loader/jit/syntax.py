@@ -25,7 +25,7 @@ def parse(text: str):
     return parser().parse(text.encode("utf-8", "surrogateescape"))
 
 
-def _walk(node) -> Iterator:
+def walk(node) -> Iterator:
     stack = [node]
     while stack:
         n = stack.pop()
@@ -40,7 +40,7 @@ def macro_blocks(text: str, macros: Sequence[str]) -> List[MacroBlock]:
     if not any(m in text for m in wanted):  # most files: no parse at all
         return []
     found = []
-    for node in _walk(parse(text).root_node):
+    for node in walk(parse(text).root_node):
         if node.type != "function_definition":
             continue
         declarator = node.child_by_field_name("declarator")

@@ -29,12 +29,7 @@ def parse(text: str):
     return syntax.parse(text)
 
 
-def walk(node) -> Iterator:
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        yield n
-        stack.extend(reversed(n.children))
+walk = syntax.walk  # every node, in document order
 
 
 def leaves(node) -> Iterator:
