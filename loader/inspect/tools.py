@@ -69,11 +69,22 @@ def locate(name: str, env: Optional[str] = None, dirs: Optional[Tuple[str, ...]]
                          f"in a PyPI wheel: pip install 'kernelkit[inspect]' (or pip install {package})")
 
 
+def _tool_env() -> dict:
+    """cuobjdump disassembles through nvdisasm, which it finds on PATH only: where nvdisasm came from a PyPI
+    wheel (or CUDA_HOME/bin), its folder goes first on the child's PATH."""
+    env = dict(os.environ)
+    try:
+        env["PATH"] = os.pathsep.join([str(Path(find("nvdisasm")).parent), env.get("PATH", "")])
+    except KernelkitError:
+        pass  # cuobjdump says itself that it needs nvdisasm, for the views that do
+    return env
+
+
 def run(tool: str, args: Sequence[str], path: Path) -> str:
     """The tool's standard output for ``path``; its error output in the exception when it fails."""
     cmd = [find(tool), *args, str(path)]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=120)
+        done = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=120, env=_tool_env())
     except subprocess.TimeoutExpired:
         raise KernelkitError(f"{tool} took over 120 s on {path}") from None
     if done.returncode != 0:
