@@ -169,6 +169,19 @@ def test_functions_forms_generate_torchs_bindings(functions, expected):
                                    no_implicit_headers=True).units[0].path.read_text()
     assert "#include <torch/extension.h>" not in plain and 'm.def("twice", twice, ' in plain
     assert "-DTORCH_EXTENSION_NAME=kk_forms" in target.units[0].flags
+    assert "mod_gil_not_used" not in main
+    free = plan.plan_torch_inline("kk_forms", INLINE_CPP_A, None, functions, gil_not_used=True)
+    assert "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m, pybind11::mod_gil_not_used())" in free.units[0].path.read_text()
+
+
+def test_gil_not_used_builds_a_module_that_declares_it(tmp_path):
+    """torch 2.15's keyword, accepted on every torch: the bindings declare the GIL unused (pybind11 >= 2.13,
+    which every supported torch bundles), and the module works as before."""
+    header = Path(torch.utils.cpp_extension.include_paths()[0]) / "pybind11" / "pybind11.h"
+    assert "mod_gil_not_used" in header.read_text(), f"{header}: pybind11 without mod_gil_not_used"
+    module = kernelkit.load_inline("kk_gil_free", cpp_sources=INLINE_CPP_A, functions=["twice"], gil_not_used=True)
+    x = torch.randn(5)
+    torch.testing.assert_close(module.twice(x), 2 * x, rtol=0, atol=0)
 
 
 @pytest.mark.cuda_build  # planning CUDA sources checks that nvcc's CUDA major version is torch's

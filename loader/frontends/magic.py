@@ -40,7 +40,7 @@ from .. import inspect as kk_inspect
 from .. import loading
 from ..errors import BuildError, KernelkitError
 from ..instant.kernels import KernelModule, load_kernels, loaded_modules
-from ..jit import registry
+from ..jit import registry, syntax
 from ..jit.library import Library
 
 #: name -> (line, cell) of the last %%kernelkit cell run with that name
@@ -65,14 +65,14 @@ def split_cell(cell: str, cpp_only: bool) -> Tuple[Optional[str], Optional[str]]
     return "\n" + cell[: m.start()], "\n" * separator_line + cell[m.end() + 1:]
 
 
-_CUDA_MARKERS = re.compile(r"__global__|__device__|<<<|__shared__")
+_CUDA_TOKENS = ("__global__", "__device__", "<<<", "__shared__")
 
 
 def cpp_only(line: str, cell: str) -> bool:
     """Whether the cell is all C++: ``--cpp``, or no binding separator and nothing only nvcc compiles (a
     KERNELKIT_LIBRARY cell written like the README's CPU example goes to the C++ compiler)."""
     return "--cpp" in shlex.split(line) or (SEPARATOR.search(cell) is None and "--kernels" not in shlex.split(line)
-                                            and _CUDA_MARKERS.search(cell) is None)
+                                            and syntax.first_cuda_token(cell, _CUDA_TOKENS) is None)
 
 
 def _parser() -> argparse.ArgumentParser:

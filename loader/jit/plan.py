@@ -6,14 +6,13 @@ it writes is generated source text, into the content-addressed ``src/`` cache (w
 """
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 from ..errors import KernelkitError
 from . import build as _build
-from . import recall, toolchain, torch_cu
+from . import recall, syntax, toolchain, torch_cu
 from .cache import write_source
 from .cards import Card
 from .sources import INCLUDE, sha256_bytes
@@ -112,12 +111,10 @@ def plan_card(card: Card, arch, extra_cflags, extra_cuda_cflags, extra_ldflags,
 
 
 # ------------------------------------------------------------------------------- kernelkit inline cells
-_USES_TORCH_NAMES = re.compile(r"\b(torch|at|c10)::")
-_INCLUDES_TORCH = re.compile(r'#\s*include\s*[<"](torch|ATen|c10)/')
 
 
 def plan_inline(name: str, cuda: Optional[str], cpp: Optional[str], funcs: Dict[str, str], arch, cflags,
-                cuflags, ldflags, include_paths) -> _build.Target:
+                cuflags, ldflags, include_paths, gil_not_used: bool = False) -> _build.Target:
     """kernelkit's own inline form: ``cuda`` is device code compiled alone (fast to rebuild when it keeps
     torch out), ``cpp`` the binding with ``KERNELKIT_LIBRARY`` or ``functions`` bound by pybind11."""
     include_dirs = [INCLUDE] + [Path(p).resolve() for p in include_paths]
@@ -128,7 +125,7 @@ def plan_inline(name: str, cuda: Optional[str], cpp: Optional[str], funcs: Dict[
     units, texts = [], {}
     if cuda:
         text = cuda
-        if _USES_TORCH_NAMES.search(cuda) and not _INCLUDES_TORCH.search(cuda):
+        if syntax.mentions_torch(cuda) and not syntax.includes_torch(cuda):
             # torch-style cell (as torch's load_inline accepts): give it torch's types, keep line numbers
             text = f'#include <torch/types.h>\n#line 1 "{name}.cu"\n' + cuda
         path = write_source(text, f"{name}.cu")
@@ -147,7 +144,8 @@ def plan_inline(name: str, cuda: Optional[str], cpp: Optional[str], funcs: Dict[
         if funcs:
             pymodule = "kk_py_" + sha256_bytes(head.encode(), body.encode(), repr(sorted(funcs.items())).encode())[:16]
             defs = "".join(f'  m.def("{f}", &{f}, {cpp_string(doc)});\n' for f, doc in funcs.items())
-            tail = f'#line 1 "{name}_bindings.cpp"\nPYBIND11_MODULE({pymodule}, m) {{\n{defs}}}\n'
+            option = ", pybind11::mod_gil_not_used()" if gil_not_used else ""
+            tail = f'#line 1 "{name}_bindings.cpp"\nPYBIND11_MODULE({pymodule}, m{option}) {{\n{defs}}}\n'
             texts[f"{name}_bindings.cpp"] = tail.splitlines()[1:]
         text = head + body + tail
         path = write_source(text, f"{name}_binding.cpp")
@@ -239,16 +237,12 @@ def _require_module_init(name: str, units: Sequence[_build.Unit]) -> None:
             "pass is_python_module=False for code that registers ops with TORCH_LIBRARY.")
 
 
-_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
-_DEVICE_CODE = re.compile(r"\b__global__\b|<<<")
-
-
 def refuse_device_code(text: str, what: str, instead: str = "cuda_sources= (positional order: name, "
                        "cpp_sources, cuda_sources, functions)") -> None:
     """A .cpp goes to the C++ compiler, which cannot compile kernels: say so before a minute of compiling."""
-    m = _DEVICE_CODE.search(_COMMENTS.sub("", text))
-    if m:
-        raise ValueError(f"{what} holds device code ({m.group(0).strip()!r}); C++ sources go to the C++ compiler, "
+    token = syntax.first_cuda_token(text, ("__global__", "<<<"))
+    if token:
+        raise ValueError(f"{what} holds device code ({token!r}); C++ sources go to the C++ compiler, "
                          f"which cannot compile CUDA: pass this code as {instead}")
 
 
@@ -265,11 +259,12 @@ def _joined(sources: Union[None, str, Sequence[str]], what: str) -> List[str]:
 
 def plan_torch_inline(name: str, cpp_sources, cuda_sources, functions: Functions, *,
                       with_pytorch_error_handling: bool = True, no_implicit_headers: bool = False,
-                      implicit_main: bool = True, **ext) -> _build.Target:
+                      gil_not_used: bool = False, implicit_main: bool = True, **ext) -> _build.Target:
     """torch.utils.cpp_extension.load_inline's sources, written as torch writes them (``main.cpp`` with
     ``<torch/extension.h>`` and the generated PYBIND11_MODULE, ``cuda.cu`` with torch's three includes),
     with ``#line`` marks so the compiler cites the line in the string the user passed. ``implicit_main=False``
-    leaves out a ``main.cpp`` that would hold nothing but the include (kernelkit's inline form)."""
+    leaves out a ``main.cpp`` that would hold nothing but the include (kernelkit's inline form); ``gil_not_used``
+    declares the generated module safe without the GIL, as torch 2.15's does."""
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"name: expected a Python identifier (it names the extension module), got {name!r}")
     cpp = _joined(cpp_sources, "cpp_sources")
@@ -284,7 +279,8 @@ def plan_torch_inline(name: str, cpp_sources, cuda_sources, functions: Functions
     if funcs:
         wrap = "torch::wrap_pybind_function({})" if with_pytorch_error_handling else "{}"
         defs = "".join(f'm.def("{f}", {wrap.format(f)}, {cpp_string(doc)});\n' for f, doc in funcs.items())
-        main += f'#line 1 "{name}/<functions>"\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{\n{defs}}}\n'
+        option = ", pybind11::mod_gil_not_used()" if gil_not_used else ""
+        main += f'#line 1 "{name}/<functions>"\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m{option}) {{\n{defs}}}\n'
     texts = {cpp_name: user_cpp.splitlines(), f"{name}/<functions>": ["PYBIND11_MODULE(...) {"]
              + [f"m.def(\"{f}\", ...)" for f in funcs]}
     paths, displays = [], {}

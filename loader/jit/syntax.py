@@ -4,7 +4,7 @@ grammar sees a definition, not where the text merely mentions one (a comment, a 
 from __future__ import annotations
 
 import functools
-from typing import Iterator, List, NamedTuple, Sequence
+from typing import Iterator, List, NamedTuple, Optional, Sequence
 
 
 class MacroBlock(NamedTuple):
@@ -53,3 +53,49 @@ def macro_blocks(text: str, macros: Sequence[str]) -> List[MacroBlock]:
         args = [c.text.decode(errors="replace") for c in params.named_children]
         found.append(MacroBlock(callee.text.decode(), args, node.start_point[0] + 1))
     return found
+
+
+_TORCH_NAMESPACES = {"torch", "at", "c10"}
+
+
+def mentions_torch(text: str) -> bool:
+    """Whether code (not a comment or string) names something in torch's namespaces: ``torch::Tensor``,
+    ``at::cuda::getCurrentCUDAStream()``, ``using namespace c10;``."""
+    if "::" not in text and "using" not in text:
+        return False
+    for node in walk(parse(text).root_node):
+        if node.type == "namespace_identifier" and node.text.decode() in _TORCH_NAMESPACES:
+            parent = node.parent
+            if parent is not None and parent.type == "qualified_identifier" \
+                    and parent.child_by_field_name("scope") == node:
+                return True
+        elif node.type == "using_declaration" and any(c.type == "namespace" for c in node.children):
+            if node.named_children and node.named_children[-1].text.decode() in _TORCH_NAMESPACES:
+                return True
+    return False
+
+
+def includes_torch(text: str) -> bool:
+    """Whether an ``#include`` of ``text`` names a header of torch's (``torch/``, ``ATen/``, ``c10/``), in any
+    preprocessor branch."""
+    if "include" not in text:
+        return False
+    for node in walk(parse(text).root_node):
+        if node.type == "preproc_include":
+            path = node.child_by_field_name("path")
+            if path is not None and path.text.decode(errors="replace").strip('<>"').split("/")[0] in (
+                    "torch", "ATen", "c10"):
+                return True
+    return False
+
+
+def first_cuda_token(text: str, tokens: Sequence[str]) -> Optional[str]:
+    """The first of ``tokens`` (CUDA-only keywords and ``<<<``: ``__global__``, ``__shared__``, ...) that the
+    grammar sees in ``text`` as code rather than in a comment or string, or None."""
+    wanted = set(tokens)
+    if not any(t in text for t in wanted):
+        return None
+    for node in walk(parse(text).root_node):
+        if node.child_count == 0 and node.type in wanted:
+            return node.type
+    return None

@@ -25,7 +25,7 @@ TORCH_KEYWORDS = {
     "load_inline": ("cpp_sources", "cuda_sources", "sycl_sources", "functions", "extra_cflags", "extra_cuda_cflags",
                     "extra_sycl_cflags", "extra_ldflags", "extra_include_paths", "build_directory", "verbose",
                     "with_cuda", "with_sycl", "is_python_module", "with_pytorch_error_handling",
-                    "keep_intermediates", "use_pch", "no_implicit_headers"),
+                    "keep_intermediates", "use_pch", "no_implicit_headers", "gil_not_used"),
 }
 
 

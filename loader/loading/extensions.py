@@ -65,6 +65,7 @@ def load_inline(name: str, args: Dict[str, Any]):
         target = plan.plan_torch_inline(
             name, args.get("cpp_sources"), args.get("cuda_sources"), args.get("functions"),
             with_pytorch_error_handling=arguments.option(args, "with_pytorch_error_handling", True),
-            no_implicit_headers=bool(args.get("no_implicit_headers")), arch=args.get("arch"),
+            no_implicit_headers=bool(args.get("no_implicit_headers")),
+            gil_not_used=bool(args.get("gil_not_used")), arch=args.get("arch"),
             with_cuda=args.get("with_cuda"), is_python_module=python_module, **arguments.build_flags(args))
     return open_extension(target, python_module, args.get("build_directory"), True, args.get("group"))

@@ -35,9 +35,10 @@ def load(name: str, args: Dict[str, Any]):
             python_module = bool(args.get("functions")) or any(b.macro == "PYBIND11_MODULE" for b in blocks)
             target = plan.plan_torch_inline(name, cpp or None, cuda or None, args.get("functions"),
                                             arch=args.get("arch"), implicit_main=False,
+                                            gil_not_used=bool(args.get("gil_not_used")),
                                             is_python_module=python_module, **flags)
         else:
             target = plan.plan_inline(name, cuda, cpp, plan.function_map(args.get("functions")), args.get("arch"),
                                       flags["extra_cflags"], flags["extra_cuda_cflags"], flags["extra_ldflags"],
-                                      flags["extra_include_paths"])
+                                      flags["extra_include_paths"], gil_not_used=bool(args.get("gil_not_used")))
     return open_library(target, None, {}, True, args.get("group"))
