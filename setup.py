@@ -19,6 +19,28 @@ from setuptools import setup
 
 HERE = Path(__file__).resolve().parent
 
+DEPENDENCIES = [
+    "torch>=2.6",
+    "ninja",
+    "filelock>=3.12",
+    "platformdirs>=3",
+    "numpy",
+    "matplotlib",
+    "scipy",
+    "wurlitzer>=3.1",  # device printf in the cell: C-level fd capture (kernelkit.inspect.capture)
+    "tree-sitter>=0.23",  # the split of torch-style .cu files parses them (kernelkit.jit.split)
+    "tree-sitter-cuda>=0.21",
+]
+
+
+def _pinned_to_this_torch(dependencies: list) -> list:
+    """A wheel with prebuilt libraries needs the torch they were built against (another one rejects them and
+    builds again): its version without the local part, so 2.11.0 matches 2.11.0+cu130 as pip installs it."""
+    import torch
+
+    public = torch.__version__.split("+")[0]
+    return [f"torch=={public}" if d.startswith("torch") else d for d in dependencies]
+
 
 def _aot_kwargs() -> dict:
     try:
@@ -37,6 +59,7 @@ def _aot_kwargs() -> dict:
     ops = [o for o in os.environ.get("KERNELKIT_AOT_OPS", "").replace(",", " ").split() if o]
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
     kwargs = aot.setup_kwargs(ops or None, kernels_dir=os.environ.get("KERNELKIT_AOT_KERNELS_DIR") or None)
+    kwargs["install_requires"] = _pinned_to_this_torch(DEPENDENCIES)
     base = os.environ.get("KERNELKIT_AOT_BUILD_DIR")
     if base:  # out of the tree; objects in <base>/temp are kept between builds (ninja redoes what changed)
         os.makedirs(base, exist_ok=True)
@@ -45,4 +68,5 @@ def _aot_kwargs() -> dict:
     return kwargs
 
 
-setup(**(_aot_kwargs() if os.environ.get("KERNELKIT_AOT", "0") not in ("", "0") else {}))
+setup(**(_aot_kwargs() if os.environ.get("KERNELKIT_AOT", "0") not in ("", "0") else
+         {"install_requires": DEPENDENCIES}))

@@ -174,11 +174,21 @@ def test_cache_dir_env_override(tmp_path, monkeypatch):
     assert oct(os.stat(cache.cache_dir()).st_mode & 0o777) == "0o700"
 
 
-def test_uncreatable_cache_dir_names_the_fix(tmp_path, monkeypatch):
+def test_uncreatable_cache_dir_names_the_fix_when_a_build_needs_it(tmp_path, monkeypatch):
+    """Loading reads only (a read-only image's cache is fine until something must be built): planning keeps
+    generated sources in memory, and a build raises why the cache cannot be written."""
     (tmp_path / "afile").write_text("")
     monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "afile" / "cache"))
+    path = cache.cache_dir()
+    assert path == tmp_path / "afile" / "cache" / "v1" and not path.exists()
+    src = cache.write_source("int f() { return 1; }\n", "f.cpp")
+    assert not src.exists() and cache.source_bytes(src) == b"int f() { return 1; }\n"
+    assert cache.verified_library("f", "0" * 64) is None
     with pytest.raises(kernelkit.CacheUnwritable, match=r"afile/cache/v1: Not a directory.*KERNELKIT_CACHE_DIR"):
-        cache.cache_dir()
+        cache.require_writable()
+    monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "writable"))  # another cache is not blocked by it
+    assert cache.require_writable() == tmp_path / "writable" / "v1"
+    assert cache.source_bytes(cache.write_source("int g();\n", "g.cpp")) == b"int g();\n"
 
 
 def test_world_writable_cache_root_refused(tmp_path, monkeypatch):

@@ -616,6 +616,8 @@ def build(target: Target) -> Tuple[Path, bool, float]:
     if so is not None:
         return so, True, 0.0
 
+    cache.require_writable()
+
     def waiting() -> None:
         say(f"waiting for another process that is building {target.name} ...")
 

@@ -65,10 +65,36 @@ def cache_dir() -> Path:
     if not path.is_dir():
         if root.is_dir():
             _check_private_root(root)  # never create anything in a directory that is refused
-        with writing(path):
-            _make_private_dirs(path)
+        try:
+            with writing(path):
+                _make_private_dirs(path)
+        except CacheUnwritable as e:  # a read-only image: loads read nothing here, a build says why it can't
+            _UNCREATED[path] = e
+            return path
     _check_private_root(root)
     check_safe(path)
+    return path
+
+
+_UNCREATED: Dict[Path, CacheUnwritable] = {}
+
+
+def require_writable() -> Path:
+    """The cache directory, for a build: raises the reason it or a subdirectory could not be created, if one
+    could not, and writes the generated sources a read-only cache left in memory (or raises why it cannot)."""
+    path = cache_dir()
+    for d, error in [(d, e) for d, e in _UNCREATED.items() if d == path or d.parent == path]:
+        if not d.is_dir():
+            if d == path:
+                raise error
+            subdir(d.name)
+            if not d.is_dir():
+                raise error
+        del _UNCREATED[d]
+    for source, data in [(f, b) for f, b in _UNWRITTEN.items() if f.is_relative_to(path)]:
+        if not _holds(source, data):
+            _write_source(source, data)
+        del _UNWRITTEN[source]
     return path
 
 
@@ -134,9 +160,12 @@ def check_safe(path: Path) -> None:
 def subdir(name: str) -> Path:
     d = cache_dir() / name
     if not d.is_dir():
-        with writing(d):
-            d.mkdir(exist_ok=True, mode=0o700)
-            os.chmod(d, 0o700)
+        try:
+            with writing(d):
+                d.mkdir(exist_ok=True, mode=0o700)
+                os.chmod(d, 0o700)
+        except CacheUnwritable as e:  # read-only: nothing to find in it; a build raises this
+            _UNCREATED[d] = e
     return d
 
 
@@ -338,25 +367,44 @@ def _holds(path: Path, data: bytes) -> bool:
 
 def write_source(text: str, filename: str) -> Path:
     """Generated or inline sources live in the cache under their content hash, written again when the
-    file there is not that text (truncated by a full disk, or tampered with)."""
-    d = subdir("src") / sha256_bytes(text.encode(), filename.encode())[:24]
-    path = d / filename
+    file there is not that text (truncated by a full disk, or tampered with). A read-only cache leaves the
+    text in memory: planning and loading a cached or prebuilt library need only the path and the text, and a
+    build (``require_writable``) writes it or says why it cannot."""
+    path = cache_dir() / "src" / sha256_bytes(text.encode(), filename.encode())[:24] / filename
     data = text.encode()
     if not _holds(path, data):
-        with writing(d):
-            d.mkdir(exist_ok=True, mode=0o700)
-            tmp = d / f".{filename}.{os.getpid()}.tmp"
-            try:
-                tmp.write_bytes(data)
-                os.replace(tmp, path)
-            finally:
-                tmp.unlink(missing_ok=True)
+        try:
+            _write_source(path, data)
+        except CacheUnwritable:
+            _UNWRITTEN[path] = data
     return path
+
+
+_UNWRITTEN: Dict[Path, bytes] = {}
+
+
+def _write_source(path: Path, data: bytes) -> None:
+    d = path.parent
+    with writing(d):
+        subdir("src")
+        d.mkdir(exist_ok=True, mode=0o700)
+        tmp = d / f".{path.name}.{os.getpid()}.tmp"
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+def source_bytes(path: Path) -> bytes:
+    """A source's bytes, also where ``write_source`` could not write it."""
+    held = _UNWRITTEN.get(path)
+    return held if held is not None and not path.is_file() else path.read_bytes()
 
 
 def is_generated_source(path: Path) -> bool:
     """Whether ``path`` is a source kernelkit wrote into ``src/`` (for load_inline and card bindings)."""
-    return path.parent.parent == subdir("src")
+    return path.parent.parent == cache_dir() / "src"
 
 
 def touch_source(path: Path) -> None:

@@ -93,7 +93,7 @@ def toolchain_dirs() -> Tuple[Path, ...]:
     if facts.get("cuda_home"):
         dirs.append(str(facts["cuda_home"]))
     dirs += [os.path.join(entry, "nvidia") for entry in sys.path if entry]  # NVIDIA's CUDA wheels
-    dirs += _compiler_dirs([toolchain.cxx(), shutil.which("gcc") or "", shutil.which("nvcc") or ""])
+    dirs += _compiler_dirs([toolchain.cxx_if_present() or "", shutil.which("gcc") or "", shutil.which("nvcc") or ""])
     dirs.append(toolchain.runtime_libstdcxx() or "")  # a file, linked by path: the process's own libstdc++
     # as written and resolved: a path in the flags is checked as written first (no system calls)
     out = {p for d in dirs if d and os.path.exists(d) for p in (Path(os.path.abspath(d)), Path(d).resolve())}

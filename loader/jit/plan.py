@@ -13,7 +13,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Union
 from ..errors import KernelkitError
 from . import build as _build
 from . import recall, syntax, toolchain, torch_cu
-from .cache import write_source
+from .cache import source_bytes, write_source
 from .cards import Card
 from .sources import INCLUDE, sha256_bytes
 
@@ -230,7 +230,8 @@ def plan_extension(name: str, sources: Sequence[Path], *, arch=None, extra_cflag
 def _require_module_init(name: str, units: Sequence[_build.Unit]) -> None:
     """A Python module needs an init function: say so now rather than after minutes of compiling."""
     files = [u.path for u in units] + [d for u in units for d in u.deps]
-    if not any(b"PYBIND11_MODULE" in f.read_bytes() or b"PyInit_" in f.read_bytes() for f in files):
+    texts = [source_bytes(f) for f in files]
+    if not any(b"PYBIND11_MODULE" in t or b"PyInit_" in t for t in texts):
         raise KernelkitError(
             f"{name}: the sources define no PYBIND11_MODULE(TORCH_EXTENSION_NAME, m), so there would be no Python "
             "module to import. Bind functions with functions=[...] (load_inline) or a PYBIND11_MODULE block, or "

@@ -142,12 +142,16 @@ def _trusted_dir(root: Path) -> bool:
         return False
     if st.st_uid in _trusted_owners(root):
         return True
-    if root not in _WARNED:
-        _WARNED.add(root)
-        log.warning("ignoring prebuilt directory %s: it is owned by uid %d, not by you (uid %d) or root, and "
-                    "loading its libraries would run their code. Use a directory of your own in %s.",
-                    root, st.st_uid, os.getuid(), PREBUILT_ENV)
+    _warn_once(root, f"ignoring prebuilt directory {root}: it is owned by uid {st.st_uid}, not by you (uid "
+               f"{os.getuid()}) or root, and loading its libraries would run their code. Use a directory of your "
+               f"own in {PREBUILT_ENV}.")
     return False
+
+
+def _warn_once(where: Path, message: str) -> None:
+    if where not in _WARNED:
+        _WARNED.add(where)
+        log.warning("%s", message)
 
 
 def _check_trusted(path: Path, owner: int) -> None:
@@ -189,6 +193,15 @@ def _verified(root: Path, entry: Path, manifest: dict) -> Optional[Path]:
     return so
 
 
+def _what_differs(manifest: dict) -> str:
+    """Why a prebuilt's source key is not this load's: the environment lines that differ (torch, its CUDA,
+    the C++ ABI, Python, kernelkit), as built and as here; else the sources or flags."""
+    here = dict(line.split("=", 1) for line in portable_fingerprint())
+    built = dict(str(line).split("=", 1) for line in manifest.get("fingerprint", []) if "=" in str(line))
+    differ = [f"{k} {built[k]} there, {here[k]} here" for k in here if k in built and built[k] != here[k]]
+    return "; ".join(differ) if differ else "other sources or flags"
+
+
 def find_prebuilt(target) -> Optional[Path]:
     """The prebuilt .so for ``target`` (a planned ``build.Target``) if one matches its source key and
     covers its CUDA archs; None otherwise (the caller builds with JIT). Never writes, never locks."""
@@ -208,11 +221,15 @@ def find_prebuilt(target) -> Optional[Path]:
         if m is None or m.get("name") != target.name:
             continue
         if m.get("source_key") != key:
-            stale.append(f"{entry} (other sources, flags or torch)")
+            stale.append(f"{entry} ({_what_differs(m)})")
         elif not covers(m.get("archs", []), want):
             stale.append(f"{entry} (built for {','.join(m.get('archs', [])) or 'no GPU'}; needs {','.join(want)})")
         else:
-            so = _verified(root, entry, m)
+            try:
+                so = _verified(root, entry, m)
+            except CacheSecurityError as e:  # someone else's problem to fix: say so once, and build
+                _warn_once(entry, f"ignoring prebuilt {entry}: {e}; building with JIT instead")
+                continue
             if so is not None:
                 return so
     if stale:

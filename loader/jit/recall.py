@@ -166,7 +166,7 @@ def defined_namespaces(target: _build.Target) -> List[str]:
     files = {u.path for u in target.units} | {d for u in target.units for d in u.deps}
     defined = set()
     for f in files:
-        for block in syntax.macro_blocks(f.read_text(errors="replace"), ["TORCH_LIBRARY"]):
+        for block in syntax.macro_blocks(cache.source_bytes(f).decode(errors="replace"), ["TORCH_LIBRARY"]):
             ns = block.args[0] if block.args else ""
             defined.add(target.name if ns == "TORCH_EXTENSION_NAME" else ns)
     return sorted(defined)
@@ -174,7 +174,8 @@ def defined_namespaces(target: _build.Target) -> List[str]:
 
 def _reads_as_planned(target: _build.Target) -> bool:
     """Each unit's text and headers hash as they did when the plan keyed them."""
-    return all(sources.digest_tree(u.path.read_text(errors="replace").encode(), u.deps, u.roots) == u.digest
+    return all(sources.digest_tree(cache.source_bytes(u.path).decode(errors="replace").encode(), u.deps, u.roots)
+               == u.digest
                for u in target.units)
 
 

@@ -21,11 +21,23 @@ from . import cache
 log = logging.getLogger("kernelkit")
 
 
-def _identity(path: str) -> str:
-    """What a compiler is, for the cache key: its resolved path, size and mtime (no spawn)."""
-    real = os.path.realpath(path)
+def _identity(find) -> str:
+    """What a compiler is, for the cache key: its resolved path, size and mtime (no spawn). A compiler that
+    is absent has an identity too, so keys can be made and a cached or prebuilt library found on a machine
+    without one; only a build asks for the compiler itself (and then says it is missing)."""
+    try:
+        real = os.path.realpath(find())
+    except KernelkitError:
+        return "absent"
     st = os.stat(real)
     return f"{real}:{st.st_size}:{int(st.st_mtime)}"
+
+
+def cxx_if_present() -> Optional[str]:
+    try:
+        return cxx()
+    except KernelkitError:
+        return None
 
 
 @functools.lru_cache(maxsize=None)
@@ -249,14 +261,14 @@ def fingerprint() -> str:
         f"torch.cuda={torch.version.cuda}",
         f"abi={cxx11_abi()}",
         f"python={sys.implementation.cache_tag}",
-        f"cxx={_identity(cxx())}",
+        f"cxx={_identity(cxx)}",
     ]
     return "\n".join(parts)
 
 
 @functools.lru_cache(maxsize=None)
 def nvcc_fingerprint() -> str:
-    return f"nvcc={_identity(nvcc())}"
+    return f"nvcc={_identity(nvcc)}"
 
 
 # -------------------------------------------------------------------------------------------- arch list

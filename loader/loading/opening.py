@@ -79,7 +79,7 @@ def open_library(target: _build.Target, card: Optional[Card], options: dict, do_
         if not do_load:
             return BuildInfo(target.name, target.key, so, cached, seconds, nvrtc)
         if cached:
-            say(f"{target.name}: reusing cached build {target.key[:12]}")
+            _say_reused(target, so)
         lib = _loading(target, lambda: Library(target.name, target.key, so, pymodule=target.import_name,
                                                    cached=cached, build_seconds=seconds, card=card))
         lib._options = options
@@ -134,6 +134,11 @@ def open_extension(target: _build.Target, is_python_module: bool, build_director
         return result
 
 
+def _say_reused(target: _build.Target, so: Path) -> None:
+    if Path(so).is_relative_to(cache.cache_dir()):  # a prebuilt said so itself when it was found
+        say(f"{target.name}: reusing cached build {target.key[:12]}")
+
+
 def _cached(target: _build.Target):
     so = recall.verified_library(target) if isinstance(target, recall.Recalled) else None
     return None if so is None else (so, True, 0.0)
@@ -141,7 +146,7 @@ def _cached(target: _build.Target):
 
 def _open_extension_file(target: _build.Target, so: Path, cached: bool, is_python_module: bool):
     if cached:
-        say(f"{target.name}: reusing cached build {target.key[:12]}")
+        _say_reused(target, so)
     if target.standalone:
         result: object = str(so)
     elif is_python_module:
