@@ -45,6 +45,15 @@ def _clip(text: str, limit: int) -> str:
     return text[:limit] + f" ... [{len(text) - limit} more characters in .log]"
 
 
+#: headers a build needs from the machine (Python's, the CUDA toolkit's), not from the user's code
+_ENVIRONMENT_HEADERS = ("Python.h", "cuda_runtime.h", "cuda.h", "cuda_runtime_api.h")
+
+
+def _names_missing(message: str, header: str) -> bool:
+    """gcc: 'Python.h: No such file or directory'; nvcc: 'cannot open source file "Python.h"'."""
+    return f"{header}: No such file" in message or f'cannot open source file "{header}"' in message
+
+
 class BuildError(KernelkitError):
     """A compile or link step failed. ``str()`` shows the compiler's errors mapped to the user's files;
     ``.log`` holds the full output and ``.command`` the failing command line."""
@@ -72,6 +81,10 @@ class BuildError(KernelkitError):
         left_out = (len(errors) if errors else len(parts)) - (len(lines) - 1)
         if left_out:
             lines.append(f"... and {left_out} more " + ("errors" if errors else "lines"))
+        missing = sorted({h for d in errors for h in _ENVIRONMENT_HEADERS if _names_missing(d.message, h)})
+        if missing:
+            lines.append(f"{', '.join(missing)} is part of the machine's toolchain, not of this code: "
+                         "`kernelkit doctor` says what is missing and how to install it")
         lines.append("(full compiler output: the exception's .log attribute)")
         return "\n".join(lines)
 

@@ -9,6 +9,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -18,7 +19,7 @@ from ..harness import report
 from ..jit import cache
 from ..jit.cards import declared_sources, search_path
 from ..version import __version__
-from . import harness_commands, scaffold
+from . import doctor, harness_commands, scaffold
 
 DESCRIPTION = "Build, check and time the CUDA/C++ kernel cards on the search path, and manage the build cache."
 EXAMPLES = """examples:
@@ -28,6 +29,7 @@ EXAMPLES = """examples:
   kernelkit run --quick               build, check and time every card; write a report
   kernelkit new relu --backward       write a new card (a unary op with autograd) to edit
   kernelkit profile vector_add        its kernels under Nsight Compute: what limits them
+  kernelkit doctor                    what is missing on this machine, and how to fix it
   kernelkit <command> --help          the options of one command"""
 
 
@@ -257,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     harness_commands.register(sub)  # check, bench, run
     scaffold.register(sub)  # new
+    doctor.register(sub)
     return p
 
 
@@ -264,6 +267,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # `kernelkit cache list | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush does not fail too
+        return 0
     except KernelkitError as e:  # the user's mistake or the card's, said in their terms; other errors are bugs
         print(f"kernelkit {args.command}: {e}", file=sys.stderr)
         return 2 if isinstance(e, harness_commands.UsageError) else 1

@@ -170,7 +170,8 @@ def check_cuda_match(what: str) -> None:
         raise KernelkitError(
             f"{what}: this torch is built for CUDA {torch.version.cuda}, but the CUDA toolkit at "
             f"{facts()['cuda_home']} is {toolkit}; code built by one CUDA major version cannot load into the "
-            "other. Install a torch build for that CUDA, or point CUDA_HOME / KERNELKIT_NVCC at a matching toolkit.")
+            "other. Install a torch build for that CUDA, or point CUDA_HOME / KERNELKIT_NVCC at a matching toolkit "
+            "(`kernelkit doctor` checks the whole toolchain).")
 
 
 @functools.lru_cache(maxsize=None)
