@@ -45,6 +45,8 @@ def _clip(text: str, limit: int) -> str:
     return text[:limit] + f" ... [{len(text) - limit} more characters in .log]"
 
 
+#: the last line of a BuildError's message; a command line replaces it with the file it wrote the log to
+LOG_HINT = "(full compiler output: the exception's .log attribute)"
 #: headers a build needs from the machine (Python's, the CUDA toolkit's), not from the user's code
 _ENVIRONMENT_HEADERS = ("Python.h", "cuda_runtime.h", "cuda.h", "cuda_runtime_api.h")
 
@@ -85,7 +87,7 @@ class BuildError(KernelkitError):
         if missing:
             lines.append(f"{', '.join(missing)} is part of the machine's toolchain, not of this code: "
                          "`kernelkit doctor` says what is missing and how to install it")
-        lines.append("(full compiler output: the exception's .log attribute)")
+        lines.append(LOG_HINT)
         return "\n".join(lines)
 
     def _render_traceback_(self):  # IPython shows this instead of a traceback: just the mapped errors

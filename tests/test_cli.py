@@ -298,3 +298,32 @@ def test_run_with_kernels_dir_runs_just_those_cards(user_cards, tmp_path, capsys
     assert "all 1 cards ok" in out
     results = json.loads((report_dir / "results.json").read_text())
     assert [r["name"] for r in results["cards"]] == ["twice"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["build", "sigmoid", "--arch", "nine"], "argument --arch: expected entries like '9.0'"),
+    (["inspect", "sigmoid", "--arch", "9.x"], "argument --arch: expected entries like '9.0'"),
+    (["run", "--quick", "--arch", "sm90"], "argument --arch: expected entries like '9.0'"),
+])
+def test_a_bad_arch_is_a_usage_error_not_a_traceback(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_bad_size_is_a_usage_error_before_any_build(capsys):
+    assert main(["bench", "sigmoid", "--sizes", "foo"]) == 2
+    assert "kernelkit bench: --sizes: bad size 'foo'" in capsys.readouterr().err
+
+
+def test_a_build_error_on_the_terminal_names_a_file_with_the_full_log():
+    from kernelkit.diagnostics import Diagnostic
+    from kernelkit.errors import BuildError
+    from kernelkit.frontends.cli import _for_the_terminal
+
+    error = BuildError("compiling k.cu", [Diagnostic("k.cu", 3, 1, "error", "expected ';'")], "the whole log\n")
+    shown = _for_the_terminal(error)
+    assert "k.cu:3:1: error: expected ';'" in shown and ".log attribute" not in shown
+    path = Path(shown.rsplit("(full compiler output: ", 1)[1].rstrip(")"))
+    assert path.read_text() == "the whole log\n"
+    path.unlink()

@@ -11,10 +11,11 @@ import json
 import math
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from ..errors import KernelkitError
+from ..errors import LOG_HINT, BuildError, KernelkitError
 from ..harness import report
 from ..jit import cache
 from ..jit.cards import declared_sources, search_path
@@ -225,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("build", help="compile cards into the cache without loading them")
     b.add_argument("ops", nargs="*", help="card names (default: all)")
-    b.add_argument("--arch", help="CUDA archs, e.g. '8.0;9.0' (default: the current GPU, else 9.0)")
+    b.add_argument("--arch", type=harness_commands.arch_spec, help="CUDA archs, e.g. '8.0;9.0' (default: the current GPU, else 9.0)")
     b.add_argument("--kernels-dir", help="directory of cards (default: KERNELKIT_PATH + built-in)")
     b.set_defaults(func=cmd_build)
 
@@ -235,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "pip install 'kernelkit[inspect]').")
     ins.add_argument("card", help="card name (or the path of a card's .cu, or of a cubin/object/library)")
     ins.add_argument("--kernels-dir", help="directory of cards (default: KERNELKIT_PATH + built-in)")
-    ins.add_argument("--arch", help="CUDA arch, e.g. 9.0 (default: the current GPU, else 9.0)")
+    ins.add_argument("--arch", type=harness_commands.arch_spec, help="CUDA arch, e.g. 9.0 (default: the current GPU, else 9.0)")
     view = ins.add_mutually_exclusive_group()
     view.add_argument("--sass", action="store_true", help="print the SASS instead of the report")
     view.add_argument("--ptx", action="store_true", help="print the PTX (builds embed it only with arch '9.0+PTX')")
@@ -263,6 +264,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _for_the_terminal(e: KernelkitError) -> str:
+    """A build error's message with its full log in a file (an attribute of the exception means nothing here)."""
+    if not isinstance(e, BuildError) or not e.log:
+        return str(e)
+    fd, path = tempfile.mkstemp(prefix="kernelkit-build-", suffix=".log")
+    with os.fdopen(fd, "w") as f:
+        f.write(e.log)
+    return str(e).replace(LOG_HINT, f"(full compiler output: {path})")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -271,7 +282,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush does not fail too
         return 0
     except KernelkitError as e:  # the user's mistake or the card's, said in their terms; other errors are bugs
-        print(f"kernelkit {args.command}: {e}", file=sys.stderr)
+        print(f"kernelkit {args.command}: {_for_the_terminal(e)}", file=sys.stderr)
         return 2 if isinstance(e, harness_commands.UsageError) else 1
 
 

@@ -68,7 +68,8 @@ def check_nvcc() -> List[Finding]:
         nvcc = toolchain.nvcc()
     except KernelkitError as e:
         return [Finding("nvcc", FAIL, f"{e} (C++ cards still build)",
-                        f"install a CUDA {torch.version.cuda.split('.')[0]} toolkit, or set CUDA_HOME / KERNELKIT_NVCC")]
+                        f"install a CUDA {torch.version.cuda.split('.')[0]} toolkit or pip install 'kernelkit[cuda]', "
+                        "or set CUDA_HOME / KERNELKIT_NVCC")]
     found = toolchain.facts().get("cuda_toolkit_version") or _nvcc_release(nvcc)
     if found and str(found).split(".")[0] != torch.version.cuda.split(".")[0]:
         return [Finding("nvcc", FAIL, f"{nvcc} is CUDA {found}, this torch is built for CUDA {torch.version.cuda}: "

@@ -40,10 +40,24 @@ def parse_size(text: str) -> Tuple[int, ...]:
 def _sizes(values: Optional[List[str]]) -> Optional[List[Tuple[int, ...]]]:
     if values is None:
         return None
-    sizes = [parse_size(t) for v in values for t in v.split(",") if t.strip()]
+    try:
+        sizes = [parse_size(t) for v in values for t in v.split(",") if t.strip()]
+    except argparse.ArgumentTypeError as e:
+        raise UsageError(f"--sizes: {e}") from None
     if not sizes:  # an empty sweep would print an empty table
         raise UsageError(f"--sizes: expected at least one size (e.g. 4096, 2**20, 100x1024), got {' '.join(values)!r}")
     return sizes
+
+
+def arch_spec(text: str) -> str:
+    """An --arch value, checked as the loader reads it ('9.0', '8.0;9.0+PTX', 'sm_90a')."""
+    from ..jit.toolchain import parse_arch_list  # imports torch: only when the option is given
+
+    try:
+        parse_arch_list(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).replace("arch: ", "")) from None
+    return text
 
 
 def _dtype(text: str):
@@ -229,7 +243,7 @@ def register(sub) -> None:
     _timing(r)
     r.add_argument("--out", default="kernelkit-report", help="report directory (default: ./kernelkit-report)")
     r.add_argument("--trials", type=_trials, default=5)
-    r.add_argument("--arch", help="CUDA archs to build for (default: the GPU's; without one, the loader's default)")
+    r.add_argument("--arch", type=arch_spec, help="CUDA archs to build for (default: the GPU's; without one, the loader's default)")
     r.add_argument("--no-check", action="store_true")
     r.add_argument("--no-bench", action="store_true")
     r.add_argument("--quick", action="store_true", help="CI: 2 trials, 3 smallest sizes, 10 ms budgets")

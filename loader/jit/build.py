@@ -133,7 +133,7 @@ def link_flags(with_cuda: bool, pymodule: bool, extra: Sequence[str], standalone
         flags += [f"-L{p}", f"-Wl,-rpath,{p}"]
     flags += ["-lc10", "-ltorch_cpu", "-ltorch"]
     if with_cuda:
-        flags += ["-lc10_cuda", "-ltorch_cuda", "-lcudart"]
+        flags += ["-lc10_cuda", "-ltorch_cuda", toolchain.cudart_link_flag()]
     if pymodule:
         flags += ["-ltorch_python"]
     return flags + list(extra)

@@ -60,7 +60,37 @@ def nvcc() -> str:
     for c in candidates:
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return c
-    raise KernelkitError("nvcc not found: install the CUDA toolkit, or set KERNELKIT_NVCC or CUDA_HOME")
+    raise KernelkitError("nvcc not found: install the CUDA toolkit or pip install 'kernelkit[cuda]' (NVIDIA's "
+                         "compiler wheels), or set KERNELKIT_NVCC or CUDA_HOME")
+
+
+def cudart_link_flag() -> str:
+    """``-lcudart``, or the versioned file where the toolkit has no unversioned libcudart.so (NVIDIA's wheels
+    ship libcudart.so.13 alone)."""
+    dirs = torch_library_paths(True)
+    if any(os.path.exists(os.path.join(d, "libcudart.so")) for d in dirs):
+        return "-lcudart"
+    major = str(torch.version.cuda).split(".")[0]
+    if any(os.path.exists(os.path.join(d, f"libcudart.so.{major}")) for d in dirs):
+        return f"-l:libcudart.so.{major}"
+    return "-lcudart"
+
+
+def pip_cuda_home() -> Optional[str]:
+    """A CUDA toolkit installed from PyPI (``cuda-toolkit[nvcc,...]``: NVIDIA's wheels unpack bin/nvcc, include/
+    and lib/ under ``nvidia/cu<major>``) of torch's CUDA major version, or None. Used where no system toolkit
+    is found: a driver-only machine (Colab-like images, containers) compiles with it."""
+    if not torch_has_cuda():
+        return None
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    major = str(torch.version.cuda).split(".")[0]
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        home = os.path.join(root, f"cu{major}")
+        if os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
+            return home
+    return None
 
 
 @functools.lru_cache(maxsize=None)
@@ -118,19 +148,34 @@ def _compute_facts() -> Dict[str, object]:
         warnings.simplefilter("ignore")
         # torch writes them escaped for a shell/ninja line (-DX=\\"_gcc\\"); we pass argv directly
         pybind = [f.replace('\\"', '"') for f in abi()] if abi else []
-    cuda = torch_has_cuda()
+    home = ce.CUDA_HOME or pip_cuda_home()
+    include_cuda, lib_cuda = _cuda_paths(ce, home) if torch_has_cuda() else ([], [])
     return {
-        "cuda_home": ce.CUDA_HOME,
+        "cuda_home": home,
         "include_cpu": _paths(ce.include_paths, "cpu"),
-        "include_cuda": _paths(ce.include_paths, "cuda") if cuda else [],
+        "include_cuda": include_cuda,
         "lib_cpu": _paths(ce.library_paths, "cpu"),
-        "lib_cuda": _paths(ce.library_paths, "cuda") if cuda else [],
+        "lib_cuda": lib_cuda,
         "nvcc_flags": list(ce.COMMON_NVCC_FLAGS),
         "pybind_flags": pybind,
-        "cuda_toolkit_version": _toolkit_version(ce.CUDA_HOME),
+        "cuda_toolkit_version": _toolkit_version(home),
         "cxx_std": _torch_cxx_standard(_paths(ce.include_paths, "cpu")),
         "python_include": sysconfig.get_paths()["include"],
     }
+
+
+def _cuda_paths(ce, home: Optional[str]):
+    """torch's include and library paths for CUDA, with ``home`` as its CUDA_HOME (torch looks only for a
+    system toolkit; a toolkit from PyPI is told to it here). With no toolkit at all: the CPU paths, so C++
+    builds still work and a CUDA build says that nvcc is missing."""
+    if not home:
+        return _paths(ce.include_paths, "cpu"), _paths(ce.library_paths, "cpu")
+    saved = ce.CUDA_HOME
+    ce.CUDA_HOME = home
+    try:
+        return _paths(ce.include_paths, "cuda"), _paths(ce.library_paths, "cuda")
+    finally:
+        ce.CUDA_HOME = saved
 
 
 def _torch_cxx_standard(include_dirs: List[str]) -> str:
@@ -180,7 +225,8 @@ def facts() -> Dict[str, object]:
     (it imports setuptools) costs ~0.2 s, so a warm load reads them from a small file in the cache,
     keyed by everything they depend on."""
     env = [os.environ.get(v, "") for v in ("CUDA_HOME", "CUDA_PATH", "PATH", "ROCM_HOME")]
-    key = hashlib.sha256("\0".join(["facts-v5", sys.prefix, torch.__file__, torch.__version__, *env]).encode()).hexdigest()[:24]
+    env.append(pip_cuda_home() or "")  # installing the compiler wheels later is seen
+    key = hashlib.sha256("\0".join(["facts-v6", sys.prefix, torch.__file__, torch.__version__, *env]).encode()).hexdigest()[:24]
     path = cache.cache_dir() / f"toolchain-{key}.json"
     lists = ("include_cpu", "include_cuda", "lib_cpu", "lib_cuda", "nvcc_flags", "pybind_flags")
     optional = ("cuda_home", "cuda_toolkit_version")

@@ -1,0 +1,85 @@
+"""A CUDA toolkit from PyPI (``pip install "kernelkit[cuda]"``: NVIDIA's nvcc, crt, nvvm, cccl and cudart wheels)
+compiles cards and torch-style extensions where no system toolkit exists (a driver-only machine).
+
+The system toolkit is hidden from a fresh process the way a driver-only machine lacks it: no nvcc on PATH, no
+CUDA_HOME, and torch's own guess (``/usr/local/cuda`` where it exists) cleared before kernelkit asks for it.
+CI cost (2 cores): one card build and one small load_inline, ~1-2 min.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from kernelkit.jit import toolchain
+
+pytestmark = pytest.mark.cuda_build
+
+HIDDEN_TOOLKIT = textwrap.dedent("""
+    import torch.utils.cpp_extension as ce
+    ce.CUDA_HOME = None  # as on a machine with no system CUDA toolkit
+    import kernelkit
+    from kernelkit.jit import build, toolchain
+""")
+
+
+def _driver_only_env(tmp_path):
+    path = [d for d in os.environ.get("PATH", "").split(os.pathsep)
+            if d and not os.path.exists(os.path.join(d, "nvcc"))]
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "KERNELKIT_NVCC")}
+    env.update(PATH=os.pathsep.join(path), KERNELKIT_CACHE_DIR=str(tmp_path / "cache"), KERNELKIT_ARCH="9.0")
+    return env
+
+
+@pytest.fixture(scope="module")
+def pip_home():
+    home = toolchain.pip_cuda_home()
+    if home is None:
+        pytest.fail(f"no CUDA {torch.version.cuda} toolkit from PyPI: the dev extra installs kernelkit[cuda]")
+    return home
+
+
+def test_a_card_and_a_torch_style_extension_compile_with_the_pip_toolkit(pip_home, tmp_path):
+    code = HIDDEN_TOOLKIT + textwrap.dedent("""
+        print("NVCC", toolchain.nvcc())
+        print("HOME", toolchain.facts()["cuda_home"])
+        info = kernelkit.load("sigmoid", arch="9.0", load=False)  # compile and link, no GPU needed
+        print("CARD", info.path)
+        from kernelkit import cpp_extension
+        ext = cpp_extension.load_inline(
+            "kk_pip_toolkit", cpp_sources="void launch_twice(float* x, long n);",
+            cuda_sources='''
+                __global__ void twice(float* x, long n) {
+                    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+                    if (i < n) x[i] *= 2;
+                }
+                void launch_twice(float* x, long n) { twice<<<(n + 255) / 256, 256>>>(x, n); }
+            ''', functions=["launch_twice"])
+        print("EXT", ext.__file__, "COMPILES", build.STATS["compiles"])
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1200,
+                          env=_driver_only_env(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+    assert out["NVCC"] == os.path.join(pip_home, "bin", "nvcc") and out["HOME"] == pip_home, proc.stdout
+    assert out["CARD"].endswith(".so") and ".so" in out["EXT"], proc.stdout
+
+
+def test_with_no_toolkit_at_all_cpu_code_builds_and_cuda_code_names_the_fix(tmp_path):
+    """Neither a system nor a pip toolkit: a C++ extension still builds; a CUDA one says how to get nvcc."""
+    code = HIDDEN_TOOLKIT + textwrap.dedent("""
+        toolchain.pip_cuda_home = lambda: None  # no compiler wheels either
+        m = kernelkit.load_inline("kk_no_toolkit", cpp_sources="int three() { return 3; }", functions=["three"])
+        assert m.three() == 3
+        try:
+            kernelkit.load_inline("kk_no_toolkit_cu", cpp_sources="void f();",
+                                  cuda_sources="__global__ void k() {} void f() { k<<<1, 1>>>(); }", functions=["f"])
+        except kernelkit.KernelkitError as e:
+            print("ERROR", e)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1200,
+                          env=_driver_only_env(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ERROR nvcc not found" in proc.stdout and "kernelkit[cuda]" in proc.stdout, proc.stdout
