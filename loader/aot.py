@@ -10,6 +10,7 @@ Command line::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -141,9 +142,10 @@ def setup_kwargs(ops=None, arch=None, kernels_dir=None) -> dict:
     return {"ext_modules": exts, "cmdclass": {"build_ext": _build_ext_class()}}
 
 
-def build_dir(out, ops=None, arch=None, kernels_dir=None, build_temp=None) -> List[Path]:
+def build_dir(out, ops=None, arch=None, kernels_dir=None, build_temp=None, verbose=False) -> List[Path]:
     """Build the cards into the prebuilt directory ``out`` (usable with KERNELKIT_PREBUILT_PATH);
-    returns the built entries."""
+    returns the built entries. The compilers' output (every ninja line, torch's header warnings) goes to
+    ``<build_temp>/aot.log``, and to the terminal with ``verbose``; a failure shows its tail."""
     from setuptools import Distribution
 
     out = Path(out).resolve()
@@ -156,8 +158,35 @@ def build_dir(out, ops=None, arch=None, kernels_dir=None, build_temp=None) -> Li
     cmd = dist.get_command_obj("build_ext")
     cmd.build_lib = str(out)
     cmd.build_temp = str(build_temp or Path(tempfile.gettempdir()) / f"kernelkit-aot-{os.getuid()}")
-    dist.run_command("build_ext")
+    log = Path(cmd.build_temp) / "aot.log"
+    with contextlib.nullcontext() if verbose else _stdout_to(log):
+        dist.run_command("build_ext")
+    if not verbose:
+        say(f"AOT: the compilers' output is in {log} (--verbose: on the terminal)")
     return [out / e.name.split(".")[0] for e in exts]
+
+
+@contextlib.contextmanager
+def _stdout_to(log: Path):
+    """File descriptor 1 into ``log`` (torch's BuildExtension runs ninja with its output on fd 1, always), the
+    log's tail shown if the build fails."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with open(log, "w") as f:
+        os.dup2(f.fileno(), 1)
+    try:
+        yield
+    except BaseException:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        tail = log.read_text(errors="replace").splitlines()[-40:]
+        print("\n".join(tail) + f"\n(the whole compiler output: {log})", file=sys.stderr)
+        raise
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def export_jit(out, ops=None, arch=None, kernels_dir=None) -> List[Path]:
@@ -195,6 +224,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--build-temp", help="object directory (kept for incremental rebuilds)")
     p.add_argument("--jit", action="store_true", help="copy kernelkit's own JIT builds (reusing the cache) "
                                                      "instead of building with torch's BuildExtension")
+    p.add_argument("--verbose", action="store_true", help="the compilers' output on the terminal (else in "
+                                                         "<build-temp>/aot.log)")
     args = p.parse_args(argv)
     ops = args.ops or None
     try:
@@ -202,7 +233,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             Path(args.out).mkdir(parents=True, exist_ok=True)
             entries = export_jit(args.out, ops, args.arch, args.kernels_dir)
         else:
-            entries = build_dir(args.out, ops, args.arch, args.kernels_dir, args.build_temp)
+            entries = build_dir(args.out, ops, args.arch, args.kernels_dir, args.build_temp, args.verbose)
         for entry in entries:
             print(entry)
     except KernelkitError as e:

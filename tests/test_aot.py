@@ -70,7 +70,7 @@ def built(tmp_path_factory):
                            "fastcall"]))
     """, env=env(), timeout=1200)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return {"root": root, "cards": cards, "out": out, "seconds": time.perf_counter() - t0}
+    return {"root": root, "cards": cards, "out": out, "seconds": time.perf_counter() - t0, "output": proc}
 
 
 # ------------------------------------------------------------------------------ no compiler needed
@@ -125,6 +125,16 @@ def test_setup_py_without_aot_imports_no_torch():
 
 
 # ------------------------------------------------------------------------------ with the AOT build
+def test_aot_output_is_a_line_per_card_with_the_compiler_log_in_a_file(built):
+    proc, log = built["output"], built["root"] / "build" / "temp" / "aot.log"
+    shown = proc.stdout + proc.stderr
+    assert "[1/" in log.read_text() and "-DTORCH_EXTENSION_NAME" in log.read_text()  # ninja's lines
+    assert "[1/" not in shown and "-DTORCH_EXTENSION_NAME" not in shown, shown
+    assert "AOT: sigmoid built in" in proc.stderr and "AOT: affine built in" in proc.stderr, proc.stderr
+    assert f"the compilers' output is in {log}" in proc.stderr
+    assert len(proc.stdout.splitlines()) == 3, proc.stdout  # the three entries written
+
+
 def test_aot_build_writes_entries_with_manifests(built):
     for name, archs in (("sigmoid", ["sm_" + ARCH.replace(".", "")]), ("affine", [])):
         [entry] = built["out"].glob(f"{name}-*")
@@ -267,7 +277,8 @@ def hook(event, args):  # a read-only file system, even for root
     if (event == "open" and len(args) > 2 and isinstance(args[2], int) and args[2] & WRITES and read_only(args[0])) \\
             or (event in EVENTS and any(read_only(a) for a in args if isinstance(a, (str, bytes, os.PathLike)))):
         raise OSError(errno.EROFS, "Read-only file system", os.fsdecode(args[0]))
-    if event == "subprocess.Popen":
+    # torch 2.15's import asks ldconfig where libdl is (cuda.pathfinder): any other process is kernelkit's
+    if event == "subprocess.Popen" and os.path.basename(os.fsdecode(args[0])) != "ldconfig":
         print("SPAWNED", args[1], file=sys.stderr)
 
 sys.addaudithook(hook)
