@@ -177,9 +177,7 @@ def _stdout_to(log: Path):
         os.dup2(f.fileno(), 1)
     try:
         yield
-    except BaseException:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
+    except BaseException:  # fd 2 was never redirected: the tail goes there
         tail = log.read_text(errors="replace").splitlines()[-40:]
         print("\n".join(tail) + f"\n(the whole compiler output: {log})", file=sys.stderr)
         raise

@@ -83,3 +83,14 @@ def test_with_no_toolkit_at_all_cpu_code_builds_and_cuda_code_names_the_fix(tmp_
                           env=_driver_only_env(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ERROR nvcc not found" in proc.stdout and "kernelkit[cuda]" in proc.stdout, proc.stdout
+
+
+def test_recorded_toolchain_facts_follow_a_toolkit_installed_or_removed_later(tmp_path, monkeypatch):
+    """The facts file is keyed by the environment, which installing NVIDIA's wheels does not change: a record
+    made with no toolkit is redone once one is installed, and one naming a removed toolkit too."""
+    monkeypatch.setattr(toolchain, "pip_cuda_home", lambda: None)
+    assert toolchain._same_toolkit(None)
+    monkeypatch.setattr(toolchain, "pip_cuda_home", lambda: str(tmp_path))
+    assert not toolchain._same_toolkit(None)  # installed since: recompute
+    assert toolchain._same_toolkit(str(tmp_path))
+    assert not toolchain._same_toolkit(str(tmp_path / "removed"))

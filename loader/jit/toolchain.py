@@ -25,19 +25,23 @@ def _identity(find) -> str:
     """What a compiler is, for the cache key: its resolved path, size and mtime (no spawn). A compiler that
     is absent has an identity too, so keys can be made and a cached or prebuilt library found on a machine
     without one; only a build asks for the compiler itself (and then says it is missing)."""
-    try:
-        real = os.path.realpath(find())
-    except KernelkitError:
+    path = _present(find)
+    if path is None:
         return "absent"
+    real = os.path.realpath(path)
     st = os.stat(real)
     return f"{real}:{st.st_size}:{int(st.st_mtime)}"
 
 
-def cxx_if_present() -> Optional[str]:
+def _present(find) -> Optional[str]:
     try:
-        return cxx()
+        return find()
     except KernelkitError:
         return None
+
+
+def cxx_if_present() -> Optional[str]:
+    return _present(cxx)
 
 
 @functools.lru_cache(maxsize=None)
@@ -164,6 +168,12 @@ def _compute_facts() -> Dict[str, object]:
     }
 
 
+def _same_toolkit(recorded: Optional[str]) -> bool:
+    """Whether recorded facts still name the toolkit there is: the one recorded still exists, and where none
+    was, none has been installed from PyPI since (only that case pays for looking)."""
+    return os.path.isdir(recorded) if recorded else pip_cuda_home() is None
+
+
 def _cuda_paths(ce, home: Optional[str]):
     """torch's include and library paths for CUDA, with ``home`` as its CUDA_HOME (torch looks only for a
     system toolkit; a toolkit from PyPI is told to it here). With no toolkit at all: the CPU paths, so C++
@@ -225,7 +235,6 @@ def facts() -> Dict[str, object]:
     (it imports setuptools) costs ~0.2 s, so a warm load reads them from a small file in the cache,
     keyed by everything they depend on."""
     env = [os.environ.get(v, "") for v in ("CUDA_HOME", "CUDA_PATH", "PATH", "ROCM_HOME")]
-    env.append(pip_cuda_home() or "")  # installing the compiler wheels later is seen
     key = hashlib.sha256("\0".join(["facts-v6", sys.prefix, torch.__file__, torch.__version__, *env]).encode()).hexdigest()[:24]
     path = cache.cache_dir() / f"toolchain-{key}.json"
     lists = ("include_cpu", "include_cuda", "lib_cpu", "lib_cuda", "nvcc_flags", "pybind_flags")
@@ -238,7 +247,8 @@ def facts() -> Dict[str, object]:
     if (isinstance(stored, dict) and isinstance(stored.get("cxx_std"), str)
             and isinstance(stored.get("python_include"), str)
             and all(isinstance(stored.get(k), list) and all(isinstance(x, str) for x in stored[k]) for k in lists)
-            and all(k in stored and (stored[k] is None or isinstance(stored[k], str)) for k in optional)):
+            and all(k in stored and (stored[k] is None or isinstance(stored[k], str)) for k in optional)
+            and _same_toolkit(stored["cuda_home"])):
         return stored
     found = _compute_facts()
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
