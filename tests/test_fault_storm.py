@@ -397,7 +397,8 @@ def _build_while_edited(env: dict, card_dir: str, seconds: float) -> dict:
     _enter(env)
     card_dir, end = Path(card_dir), time.time() + seconds
     counts = collections.Counter()
-    while time.time() < end:
+    # past the edits too, until one load lands: on a slow machine every build of the edit phase may be refused
+    while time.time() < end or (not counts["loads"] and time.time() < end + 60):
         _load_and_count(card_dir, counts)
     return dict(counts)
 
@@ -417,7 +418,7 @@ def test_edits_at_random_moments_during_builds(cache_root, card, tmp_path, tally
     assert ok, counts
     print(f"edits during builds: {edits} edits, {counts}")
     assert counts.get("wrong", 0) == 0 and counts.get("vanished", 0) == 0, counts  # nothing clears the cache here
-    # the edits did land mid-build, and loads ran between them (how many depends on how busy the machine is)
+    # the edits did land mid-build, and a load followed (between them, or once they stopped on a slow machine)
     assert counts.get("loads", 0) >= 1 and counts.get("refused", 0) >= 1, counts
     assert counts.get("loads", 0) + counts.get("refused", 0) >= 10, counts
     [(got, expected, _)] = _in_child(_load_cards, _env(), [str(card)])
