@@ -6,11 +6,7 @@
 #include <kernelkit/elementwise.h>
 
 namespace kk {
-
-template <typename A> struct MulOp {
-  KK_HD A operator()(A a, A b) const { return a * b; }
-};
-
+template <typename A> struct MulOp;  // a * b, in elementwise_mul.cu
 }  // namespace kk
 
 #ifdef KERNELKIT_BINDING

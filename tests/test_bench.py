@@ -202,6 +202,33 @@ def test_bandwidth_measured_once_and_cached(tmp_path, monkeypatch):
     assert device_bandwidth("cpu") == bw
 
 
+def test_summary_shows_the_table():
+    """README's ``print(kernelkit.bench(...).summary())``: the times per size and contender, not a title alone."""
+    res = bench(torch.mul, elementwise_inputs(2), reference=torch.mul, sizes=SIZES, compile=False, budget_ms=2,
+                warmup_ms=1, host_overhead=False)
+    text = res.summary()
+    assert text.splitlines()[0] == res.title() and "16384" in text and "mul vs eager (95% CI)" in text
+    assert repr(res) == text
+
+
+def test_a_cpu_sweep_of_the_spec_stops_at_the_cap_unless_lifted():
+    import math
+
+    from kernelkit.harness.bench import CPU_MAX_NUMEL
+
+    spec = Spec(name="bigsweep", reference=torch.neg, make_inputs=elementwise_inputs(1), op=torch.neg,
+                bench_sizes=((1 << 10,), (CPU_MAX_NUMEL,), (CPU_MAX_NUMEL * 2,)))
+    kw = dict(compile=False, budget_ms=1, warmup_ms=1, host_overhead=False, floor=False)
+    res = bench(spec, **kw)
+    assert {r["numel"] for r in res.rows} == {1 << 10, CPU_MAX_NUMEL}
+    assert any("skipped" in n and "--all-sizes" in n for n in res.notes)
+    lifted = bench(spec, max_numel=math.inf, **kw)
+    assert {r["numel"] for r in lifted.rows} == {1 << 10, CPU_MAX_NUMEL, CPU_MAX_NUMEL * 2}
+    only_big = Spec(name="onlybig", reference=torch.neg, make_inputs=elementwise_inputs(1), op=torch.neg,
+                    bench_sizes=((CPU_MAX_NUMEL * 2,), (CPU_MAX_NUMEL * 4,)))
+    assert {r["numel"] for r in bench(only_big, **kw).rows} == {CPU_MAX_NUMEL * 2}  # the smallest always runs
+
+
 def test_a_card_outside_the_repository_is_timed_by_name():
     cards = __import__("pathlib").Path(__file__).parent / "fixtures" / "cards"
     res = bench("kk_add_skip_last", kernels_dir=cards, sizes=[(256,)], compile=False, budget_ms=2, warmup_ms=1,

@@ -327,3 +327,14 @@ def test_a_build_error_on_the_terminal_names_a_file_with_the_full_log():
     path = Path(shown.rsplit("(full compiler output: ", 1)[1].rstrip(")"))
     assert path.read_text() == "the whole log\n"
     path.unlink()
+
+
+@pytest.mark.cuda_build
+def test_build_command_failure_names_the_log_file_not_an_attribute(tmp_path, capsys):
+    """`kernelkit build` reports each card's failure itself: with the terminal's wording too."""
+    (tmp_path / "kk_broken_build.cu").write_text("__global__ void k() { int x = ; }\n")
+    (tmp_path / "kk_broken_build.h").write_text("#pragma once\n")
+    assert main(["build", "kk_broken_build", "--kernels-dir", str(tmp_path), "--arch", "9.0"]) == 1
+    err = capsys.readouterr().err
+    assert "kk_broken_build.cu:1" in err and ".log attribute" not in err and "(full compiler output: /" in err
+    Path(err.rsplit("(full compiler output: ", 1)[1].split(")")[0]).unlink()

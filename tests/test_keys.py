@@ -407,3 +407,22 @@ def test_cuda_header_through_two_token_include_flag_rebuilds(tmp_path):
         so, cached, _ = build.build(target)
         results.append((target.key, cached))
     assert results[0][0] != results[1][0] and not results[1][1]
+
+
+def test_torch_is_judged_from_the_branches_a_compile_may_take(tmp_path):
+    """A card's .cu includes its header, whose torch-facing part sits under #ifdef KERNELKIT_BINDING: that .cu does
+    not include torch (no torch flags, no advice about torch's headers) unless a flag or its code defines the
+    switch; every branch's headers stay in the key."""
+    from kernelkit.jit import sources
+
+    (tmp_path / "card.h").write_text("#pragma once\n#ifdef KERNELKIT_BINDING\n#include <torch/library.h>\n"
+                                     "#include \"glue.h\"\n#endif\n")
+    (tmp_path / "glue.h").write_text("#include <ATen/ATen.h>\n")
+    cu = '#include "card.h"\n__global__ void k() {}\n'
+    deps, torch_ = sources.scan_includes(cu, tmp_path, [])
+    assert not torch_ and {d.name for d in deps} == {"card.h", "glue.h"}
+    assert sources.scan_includes(cu, tmp_path, [], flags=["-DKERNELKIT_BINDING"])[1]
+    assert sources.scan_includes("#define KERNELKIT_BINDING 1\n" + cu, tmp_path, [])[1]
+    # a branch the grammar cannot read (the directive inside code that failed to parse): counted
+    (tmp_path / "odd.h").write_text("int f( {\n#ifdef KERNELKIT_BINDING\n#include <ATen/ATen.h>\n#endif\n")
+    assert sources.scan_includes('#include "odd.h"\n', tmp_path, [])[1]

@@ -65,11 +65,23 @@ def test_magic_error_names_cell_line(shell):
     assert err._render_traceback_() == [str(err)]  # IPython shows the mapped errors, no traceback
 
 
-def test_magic_usage_errors(shell):
+def test_magic_usage_errors(shell, capfd):
     with pytest.raises(ValueError, match="binding"):
         shell.run_cell_magic("kernelkit", "nobinding", "__global__ void k() {}\n")
-    with pytest.raises(ValueError, match="usage"):
+    with pytest.raises(ValueError, match="usage") as e:
         shell.run_cell_magic("kernelkit", "", CELL)
+    assert str(e.value).count("usage") == 1 and "the following arguments are required: name" in str(e.value)
+    assert "usage" not in capfd.readouterr().err  # said once, in the error: argparse printed nothing
+
+
+@pytest.mark.cuda_build
+def test_a_cpp_cell_gets_no_compile_report_and_no_warning_about_its_tools(shell, capfd):
+    """A C++-only cell has no device code: nothing to report, so no word about a missing cuobjdump."""
+    capfd.readouterr()
+    result = shell.run_cell("%%kernelkit cube_report_free\n" + CELL)
+    assert result.error_in_exec is None
+    out = capfd.readouterr()
+    assert "compile report" not in out.err and "cuobjdump" not in out.err + out.out
 
 
 KERNELS = """\

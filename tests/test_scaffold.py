@@ -48,8 +48,10 @@ def test_spec_uses_cardkit_and_has_a_wrong_placeholder(tmp_path, kind):
 
 def test_edit_marks_and_names():
     files = scaffold.card_files("gelu_fast", "unary", backward=True)
-    assert "struct GeluFastOp" in files["gelu_fast.h"] and "gelu_fast_backward" in files["gelu_fast.h"]
-    assert all("EDIT" in files[f] for f in ("gelu_fast.h", "gelu_fast.py"))
+    assert "struct GeluFastOp {" in files["gelu_fast.cu"] and "struct GeluFastOp;" in files["gelu_fast.h"]
+    assert "gelu_fast_backward" in files["gelu_fast.h"]
+    # the math is in the .cu; the header holds the binding, which a math edit must not touch
+    assert all("EDIT" in files[f] for f in ("gelu_fast.cu", "gelu_fast.py")) and "EDIT" not in files["gelu_fast.h"]
     assert "$" not in "".join(files.values())  # every template field filled
 
 
@@ -104,6 +106,29 @@ def test_unary_backward_through_kernelkit_ops(cards_dir):
     assert torch.autograd.gradcheck(kernelkit.ops.scaf_square, (x,))
     with pytest.raises(RuntimeError, match="scaf_square: x must be a float32"):
         kernelkit.ops.scaf_square(torch.ones(3, dtype=torch.int32))
+
+
+@pytest.mark.cuda_build
+def test_a_math_edit_recompiles_the_cu_alone_cpu_path_included(tmp_path, capsys):
+    """The EDIT line of a unary card is in its .cu, which compiles the CUDA launcher and the CPU loop: an edit
+    rebuilds that unit only (the torch-facing binding stays cached), and the CPU op computes the new math."""
+    from kernelkit.jit import build
+
+    scaffold.new_card("scaf_cube", tmp_path, "unary")
+    cu = tmp_path / "scaf_cube.cu"
+    kernelkit.load("scaf_cube", kernels_dir=tmp_path)
+    x = torch.randn(1000, dtype=torch.float64)
+    torch.testing.assert_close(kernelkit.ops.scaf_cube(x), x * x)
+    cu.write_text(cu.read_text().replace("return x * x; }  // EDIT", "return x * x * x; }  // EDIT"))
+    before = dict(build.STATS)
+    kernelkit.load("scaf_cube", kernels_dir=tmp_path)
+    assert build.STATS["compiles"] - before["compiles"] == 1, capsys.readouterr().err  # the .cu; binding cached
+    for dtype in (torch.float64, torch.float32, torch.bfloat16):
+        xs = x.to(dtype)
+        expected = (xs.double() ** 3).to(dtype) if dtype != torch.bfloat16 else (xs.float() ** 3).to(dtype)
+        torch.testing.assert_close(kernelkit.ops.scaf_cube(xs), expected)
+    strided = torch.randn(40, 30, dtype=torch.float64).t()  # a strided view: copied to contiguous, then the loop
+    torch.testing.assert_close(kernelkit.ops.scaf_cube(strided), strided ** 3)
 
 
 @pytest.mark.cuda_build

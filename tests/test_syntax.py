@@ -39,3 +39,27 @@ def test_includes_torch(text, expected):
 ])
 def test_first_cuda_token(text, expected):
     assert syntax.first_cuda_token(text, ("__global__", "<<<")) == expected
+
+
+def test_directives_read_conditions_in_every_scope():
+    text = ("#ifdef KERNELKIT_BINDING\n#include <kernelkit/torch_glue.h>\n#else\n#include \"math.cuh\"\n#endif\n"
+            "#if defined(A) && !defined B\n#include \"ab.h\"\n#elif X > 2\n#include <x.h>\n#endif\n"
+            "namespace kk {\nstruct S {\n#ifndef KERNELKIT_WITH_CUDA\n#include \"in_class.h\"\n#endif\n};\n}\n"
+            "#define MINE 1\n#undef THEIRS\n")
+    d = syntax.directives(text)
+    assert [(i.name, i.requires) for i in d.includes] == [
+        ("kernelkit/torch_glue.h", (("KERNELKIT_BINDING", True),)),
+        ("math.cuh", (("KERNELKIT_BINDING", False),)),
+        ("ab.h", (("A", True), ("B", False))),
+        ("x.h", ()),  # the alternative of two conditions, and an unreadable one: may be compiled
+        ("in_class.h", (("KERNELKIT_WITH_CUDA", False),)),
+    ]
+    assert d.macros == {"MINE", "THEIRS"} and d.whole
+
+
+def test_directives_in_text_the_grammar_fails_on_are_not_trusted():
+    """Where a directive sits inside what did not parse, an include may be hidden or its branch misread: the
+    caller then counts every include the lines show."""
+    assert not syntax.directives('#ifdef A\nint f() {\n#else\nint g() {\n#endif\n#include "b.h"\n}\n').whole
+    assert syntax.directives("template <typename A> struct Op {\n  KK_HD A operator()(A x) const { return x; }\n};\n"
+                             "#include <x.h>\n").whole  # an unknown macro before a declaration hides nothing

@@ -5,7 +5,9 @@ differential against torch's own build of the corpus is tests/test_split_gpu.py.
 Each build of a host TU compiles torch's headers (~20-60 s on a 2-core machine): the tests share one copy of
 each file and run in order."""
 import shutil
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -89,6 +91,62 @@ def test_an_edit_during_the_split_build_is_not_cached(work, monkeypatch):
         src.write_text(original)
     monkeypatch.undo()
     assert kernelkit.load("kk_tcu_relu", [str(src)], load=False, arch="9.0").path.is_file()
+
+
+_KILL = """
+import os, signal, sys
+import kernelkit
+from kernelkit.jit import build, torch_cu
+
+def die(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+if sys.argv[2] == "before-join":  # both parts compiled and cached, the joined object not yet
+    build.join_objects = die
+else:  # the device TU compiled and cached, the host TU not yet looked up
+    real = torch_cu._compiled
+    torch_cu._compiled = lambda part, target, unit, what: die() if what == "host" else real(part, target, unit, what)
+kernelkit.load("kk_tcu_relu", [sys.argv[1]], load=False, arch="9.0")
+"""
+
+
+@pytest.mark.parametrize("point, slope", [("device-cached", "5.0f"), ("before-join", "6.0f")])
+def test_a_split_build_killed_halfway_leaves_a_sound_cache(work, capsys, point, slope):
+    """SIGKILL in the middle of a split build: what it cached verifies (generated TUs included), and the next
+    load finishes the build from the parts already there."""
+    from kernelkit.jit import cache
+
+    src = work / "relu_extension.cu"
+    original = src.read_text()
+    try:
+        src.write_text(original.replace("v * slope;", f"v * slope * {slope};"))  # content no other test built
+        r = subprocess.run([sys.executable, "-c", _KILL, str(src), point], capture_output=True, text=True)
+        assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+        found = cache.verify()
+        assert {f["status"] for f in found} == {"ok"}, [f for f in found if f["status"] != "ok"]
+        generated = [f["entry"] for f in found if f["kind"] == "source"]
+        assert any(e.endswith(".host.cpp") for e in generated) and any(e.endswith(".device.cu") for e in generated)
+        info, counts, said = _build("kk_tcu_relu", src, capsys)
+        assert counts == {"compiles": 0, "joins": 1, "links": 1}, said  # the dead build's parts, reused
+        assert "device TU cached" in said
+    finally:
+        src.write_text(original)
+
+
+def test_cache_verify_knows_the_generated_tus(work, capsys):
+    """A split's host and device TUs are cache entries verify checks; a damaged one is reported and removed (a
+    split that needs it writes it again from the user's file)."""
+    from kernelkit.jit import cache
+
+    _build("kk_tcu_relu", work / "relu_extension.cu", capsys)
+    sources = [f for f in cache.verify() if f["kind"] == "source" and f["entry"].endswith(".device.cu")]
+    assert sources and all(f["status"] == "ok" for f in sources)
+    damaged = cache.cache_dir() / "src" / sources[0]["entry"]
+    damaged.write_text(damaged.read_text() + "\n// edited in the cache\n")
+    [bad] = [f for f in cache.verify(fix=True) if f["status"] != "ok"]
+    assert bad["kind"] == "source" and "does not hold the text" in bad["reason"] and bad["removed"]
+    assert not damaged.exists() and {f["status"] for f in cache.verify()} == {"ok"}
+    assert _build("kk_tcu_relu", work / "relu_extension.cu", capsys)[0].cached
 
 
 def test_template_kernels_under_at_dispatch_get_exactly_their_instantiations(work, capsys):

@@ -161,7 +161,7 @@ def cmd_build(args) -> int:
             print(f"{card.name:<24} {info.key[:16]}  {how}  {info.path}")
         except KernelkitError as e:
             failed += 1
-            print(f"{card.name}: {e}", file=sys.stderr)
+            print(f"{card.name}: {_for_the_terminal(e)}", file=sys.stderr)
     return 1 if failed else 0
 
 

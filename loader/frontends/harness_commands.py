@@ -6,6 +6,7 @@ it runs.
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from typing import List, Optional, Sequence, Tuple
@@ -172,7 +173,8 @@ def cmd_bench(args) -> int:
             status = 1
             continue
         res = bench(op, spec=spec, device=device, sizes=sizes, dtype=args.dtype and args.dtype[0],
-                    compile=args.compile, graph=args.graph, budget_ms=args.budget_ms, copy_floor=args.copy_floor)
+                    compile=args.compile, graph=args.graph, budget_ms=args.budget_ms, copy_floor=args.copy_floor,
+                    max_numel=math.inf if args.all_sizes else None)
         print(repr(res) + "\n")
         results.append(res)
         if args.plot:
@@ -233,6 +235,8 @@ def register(sub) -> None:
     _timing(b)
     b.add_argument("--device", type=_device, help="cpu, cuda or cuda:N (default: as for check)")
     b.add_argument("--dtype", type=_dtype, action="append", help="dtype (default: the spec's bench_dtype)")
+    b.add_argument("--all-sizes", action="store_true",
+                   help="on a CPU, time the spec's whole sweep (default: sizes up to 2**22 elements)")
     b.add_argument("--plot", metavar="DIR", help="write PNG plots here")
     b.add_argument("--json", metavar="FILE", help="write results as JSON")
     b.add_argument("--csv", metavar="FILE", help="write results as CSV")

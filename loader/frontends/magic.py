@@ -75,8 +75,18 @@ def cpp_only(line: str, cell: str) -> bool:
                                             and syntax.first_cuda_token(cell, _CUDA_TOKENS) is None)
 
 
+_USAGE = "usage: %%kernelkit NAME [--functions f g] [--arch 9.0] [--flags -DX=1 ...] [--cuda-flags ...] [--cpp | --kernels]"
+
+
+class _CellArguments(argparse.ArgumentParser):
+    """Its error is one ValueError (the message and the usage, said once), not argparse's print and exit."""
+
+    def error(self, message):
+        raise ValueError(f"%%kernelkit: {message}\n{_USAGE}")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="%%kernelkit", add_help=False)
+    p = _CellArguments(prog="%%kernelkit", add_help=False)
     p.add_argument("name", help="the library's name; it is bound under this name (its ops under theirs)")
     p.add_argument("--functions", nargs="+", action="extend", default=None, help="C++ functions to bind with pybind11")
     p.add_argument("--arch", default=None, help="CUDA archs, e.g. 9.0 (default: the current GPU)")
@@ -127,17 +137,17 @@ def _check_name(name: str, user_ns: dict, only_modules: bool = False) -> None:
                          f"kernelkit did not make; give the cell another name (or `del {name}` first)")
 
 
+#: build keys of C++-only cells
+_NO_DEVICE_CODE: set = set()
+
+
 def _bind(user_ns: dict, name: str, value) -> None:
     user_ns[name] = value
     _BOUND[(id(user_ns), name)] = value
 
 
 def kernelkit_cell(line: str, cell: str, user_ns: dict):
-    try:
-        args = _parser().parse_args(_tokens(line))
-    except SystemExit:
-        raise ValueError("usage: %%kernelkit NAME [--functions f g] [--arch 9.0] [--flags -DX=1 ...] "
-                         "[--cuda-flags ...] [--cpp | --kernels]") from None
+    args = _parser().parse_args(_tokens(line))
     _check_name(args.name, user_ns)
     if args.kernels:
         # a blank first line: compiler line numbers are the cell's, whose line 1 is the %%kernelkit line
@@ -153,6 +163,8 @@ def kernelkit_cell(line: str, cell: str, user_ns: dict):
         lib = loading.load_inline(args.name, cuda=cuda, cpp=cpp, functions=args.functions, arch=args.arch,
                               extra_cflags=args.flags, extra_cuda_cflags=args.cuda_flags)
     CELLS[args.name] = (line, cell)
+    if cuda is None:
+        _NO_DEVICE_CODE.add(lib.key)  # nothing for a compile report to show (and no cuobjdump to ask for)
     names = lib.functions()
     handle = args.name if args.name not in names else f"{args.name}_lib"  # an op named like the cell keeps its name
     _check_name(handle, user_ns)
@@ -256,7 +268,8 @@ def _register_cell_hooks(ipython) -> None:
         if os.environ.get("KERNELKIT_REPORT", "1") == "0":
             return
         for name, build in _builds().items():
-            if before.get(name) == getattr(build, "key", None) or getattr(build, "cached", True):
+            key = getattr(build, "key", None)
+            if before.get(name) == key or getattr(build, "cached", True) or key in _NO_DEVICE_CODE:
                 continue
             try:
                 print(kk_inspect.report(build).compact())

@@ -25,17 +25,8 @@ wchar_t while xor xor_eq""".split())
 # ---- templates: $name is the card, $Name its CamelCase, $ns its namespace of helpers (kk) ----------------
 
 _UNARY_CU = """\
-// $name device code: the elementwise launchers for the functors of $name.h (nothing to change here).
+// $name: the math (EDIT) for CUDA and the CPU; an edit recompiles this file alone, not $name.h's binding.
 #include <kernelkit/elementwise.cuh>
-#include "$name.h"
-
-KK_UNARY_LAUNCHER(kk::${Name}Op)
-$backward_launcher"""
-
-_UNARY_H = """\
-// $name: out = f(x) elementwise$backward_doc. Lines marked EDIT are the math.
-#pragma once
-#include <kernelkit/elementwise.h>
 
 namespace kk {
 template <typename A> struct ${Name}Op {  // A: float (also for float16/bfloat16) or double
@@ -43,10 +34,18 @@ template <typename A> struct ${Name}Op {  // A: float (also for float16/bfloat16
 };
 $backward_functor}  // namespace kk
 
+KK_UNARY_LAUNCHER(kk::${Name}Op)
+$backward_launcher"""
+
+_UNARY_H = """\
+// $name: out = f(x) elementwise, the torch-facing op (its math is in $name.cu).
+#pragma once
+
 #ifdef KERNELKIT_BINDING
 #include <kernelkit/torch_glue.h>
 namespace kk {
-inline at::Tensor $name(const at::Tensor& x) { return unary_elementwise<${Name}Op>("$name", x, "x"); }
+template <typename A> struct ${Name}Op;  // defined in $name.cu: the binding needs its name only
+${backward_declaration}inline at::Tensor $name(const at::Tensor& x) { return unary_elementwise<${Name}Op>("$name", x, "x"); }
 $backward_fn}  // namespace kk
 KERNELKIT_LIBRARY(m) {
   m.def("$name(Tensor x) -> Tensor");
@@ -59,12 +58,12 @@ _UNARY_NO_BACKWARD = {"backward_reg": "  kk::impl_autograd<kk::NoGrad>(m, \"$nam
 
 _UNARY_BACKWARD = {
     "backward_launcher": "KK_BINARY_LAUNCHER(kk::${Name}BackwardOp)\n",
-    "backward_doc": "; ${name}_backward(grad, x) = grad * f'(x)",
     "backward_functor": """\
 template <typename A> struct ${Name}BackwardOp {
-  KK_HD A operator()(A g, A x) const { return g * A(2) * x; }  // EDIT: grad * f'(x)
+  KK_HD A operator()(A g, A x) const { return g * A(2) * x; }  // EDIT: grad * f'(x), for ${name}_backward
 };
 """,
+    "backward_declaration": "template <typename A> struct ${Name}BackwardOp;\n",
     "backward_fn": """\
 inline at::Tensor ${name}_backward(const at::Tensor& grad, const at::Tensor& x) {
   return binary_elementwise<${Name}BackwardOp>("${name}_backward", grad, "grad", x, "x");
@@ -78,17 +77,8 @@ inline at::Tensor ${name}_backward(const at::Tensor& grad, const at::Tensor& x) 
 }
 
 _BINARY_CU = """\
-// $name device code: the elementwise launcher for the functor of $name.h (nothing to change here).
+// $name: the math (EDIT) for CUDA and the CPU; an edit recompiles this file alone, not $name.h's binding.
 #include <kernelkit/elementwise.cuh>
-#include "$name.h"
-
-KK_BINARY_LAUNCHER(kk::${Name}Op)
-"""
-
-_BINARY_H = """\
-// $name: out = f(a, b) elementwise, broadcasting like torch's binary ops. Lines marked EDIT are the math.
-#pragma once
-#include <kernelkit/elementwise.h>
 
 namespace kk {
 template <typename A> struct ${Name}Op {  // A: float (also for float16/bfloat16) or double
@@ -96,9 +86,17 @@ template <typename A> struct ${Name}Op {  // A: float (also for float16/bfloat16
 };
 }  // namespace kk
 
+KK_BINARY_LAUNCHER(kk::${Name}Op)
+"""
+
+_BINARY_H = """\
+// $name: out = f(a, b) elementwise, broadcasting like torch, the torch-facing op (its math is in $name.cu).
+#pragma once
+
 #ifdef KERNELKIT_BINDING
 #include <kernelkit/torch_glue.h>
 namespace kk {
+template <typename A> struct ${Name}Op;  // defined in $name.cu: the binding needs its name only
 inline at::Tensor $name(const at::Tensor& a, const at::Tensor& b) {
   return binary_elementwise<${Name}Op>("$name", a, "a", b, "b");
 }
@@ -112,7 +110,8 @@ KERNELKIT_LIBRARY(m) {
 """
 
 _CUSTOM_CU = """\
-// $name device code: your own kernel and its launcher (torch-free: edits recompile in about a second).
+// $name: your own kernel and its launcher, and the CPU implementation (torch-free: an edit recompiles this
+// file alone, in about a second).
 #include <kernelkit/launch.cuh>
 #include "$name.h"
 
@@ -129,20 +128,29 @@ template <typename T> cudaError_t ${name}_cuda(const T* x, T* out, int64_t n, cu
   return cudaGetLastError();
 }
 
-#define KK_${NAME}_INST(T) template cudaError_t ${name}_cuda<T>(const T*, T*, int64_t, cudaStream_t);
+template <typename T> void ${name}_cpu(const T* x, T* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = from_acc<T>(acc_t<T>(2) * to_acc(x[i]));  // EDIT: the CPU implementation
+}
+
+#define KK_${NAME}_INST(T)                                                    \\
+  template cudaError_t ${name}_cuda<T>(const T*, T*, int64_t, cudaStream_t); \\
+  template void ${name}_cpu<T>(const T*, T*, int64_t);
 KK_INSTANTIATE_FLOATING(KK_${NAME}_INST)
 
 }  // namespace kk
 """
 
 _CUSTOM_H = """\
-// $name: your own kernel (not an elementwise functor), on CUDA and on the CPU. Lines marked EDIT are yours.
+// $name: your own kernel (not an elementwise functor), on CUDA and on the CPU: the torch-facing op (the
+// kernel and the CPU implementation are in $name.cu). Lines marked EDIT are yours.
 #pragma once
 #include <kernelkit/dtype.cuh>
 
 namespace kk {
-// out[i] = 2 x[i] for i < n, on `stream`.  EDIT: the launcher's contract
+// out[i] = 2 x[i] for i < n: on `stream`, or on the CPU.  EDIT: the contract
 template <typename T> cudaError_t ${name}_cuda(const T* x, T* out, int64_t n, cudaStream_t stream);
+template <typename T> void ${name}_cpu(const T* x, T* out, int64_t n);
 }  // namespace kk
 
 #ifdef KERNELKIT_BINDING
@@ -157,7 +165,7 @@ inline at::Tensor $name(const at::Tensor& x) {
       KK_CUDA_LAUNCH(out.device(), ${name}_cuda(cuda_cptr<scalar_t>(xc), cuda_ptr<scalar_t>(out), out.numel(),
                                                 at::cuda::getCurrentCUDAStream()));
     } else {
-      out.copy_(xc * 2);  // EDIT: the CPU implementation
+      ${name}_cpu(cuda_cptr<scalar_t>(xc), cuda_ptr<scalar_t>(out), out.numel());  // the same types as on CUDA
     }
   });
   return out;

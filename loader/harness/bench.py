@@ -92,17 +92,22 @@ class BenchResult:
             out.append(row)
         return out
 
-    def summary(self) -> str:
+    def title(self) -> str:
+        """One line: the op, the device, the dtype, the timer, the bandwidth and the host cost per call."""
         bw = f", bandwidth {self.bandwidth_bytes_per_s / 1e9:.0f} GB/s" if self.bandwidth_bytes_per_s else ""
         host = ", host us/call: " + ", ".join(f"{k} {v:.1f}" for k, v in self.host_us.items()) if self.host_us else ""
         return f"bench {self.name} on {self.device_name} [{self.dtype}, {self.timer}{bw}]{host}"
 
-    def __repr__(self) -> str:
-        text = self.summary() + "\n" + report.text_table(self.headers(), self.table_rows())
+    def summary(self) -> str:
+        """The title, the table of times per size and contender, and the notes."""
+        text = self.title() + "\n" + report.text_table(self.headers(), self.table_rows())
         return text + "".join(f"\nnote: {n}" for n in self.notes)
 
+    def __repr__(self) -> str:
+        return self.summary()
+
     def _repr_html_(self) -> str:
-        return report.html_table(self.headers(), self.table_rows(), title=self.summary(), details="\n".join(self.notes))
+        return report.html_table(self.headers(), self.table_rows(), title=self.title(), details="\n".join(self.notes))
 
     def to_dict(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self).items()}
@@ -199,6 +204,9 @@ def _many_recompiles():
         yield
 
 
+CPU_MAX_NUMEL = 1 << 22  # CPU sweeps stop here: the GPU-sized sweeps would take minutes on a laptop
+
+
 def _inputs_and_sizes(spec: Optional[Spec], inputs, sizes, max_numel: Optional[int]):
     """(make_inputs, sizes to time): ``inputs`` (given values time at their own size), else the spec's."""
     if spec is None and inputs is None:
@@ -240,7 +248,8 @@ def bench(target: BenchTarget = None, inputs=None, *, spec: Optional[Spec] = Non
     ``make_inputs(shape, dtype=, device=, generator=)``), else ``spec.make_inputs``, for each of ``sizes``
     (default ``spec.bench_sizes``). ``compile`` defaults to True on CUDA, False on a CPU (Inductor's C++
     build per size is slow there). ``graph=True`` times CUDA-graph replays. ``max_numel`` skips larger
-    sizes (noted). Bytes moved come from ``spec.bytes_moved(args, out)``, else all tensor args + outputs.
+    sizes (noted); on a CPU the spec's sweep stops at ``CPU_MAX_NUMEL`` elements unless ``max_numel`` is given
+    (``math.inf``: every size). Bytes moved come from ``spec.bytes_moved(args, out)``, else all tensor args + outputs.
     ``copy_floor=True`` adds a measured floor, the contender "copy": a device copy moving the same bytes
     (half read, half written), timed in the same rounds. At sizes where launch and memory latency rule,
     bytes/bandwidth says nothing; a copy shows what any kernel moving those bytes takes. A card name is
@@ -257,6 +266,9 @@ def bench(target: BenchTarget = None, inputs=None, *, spec: Optional[Spec] = Non
         compile = on_gpu
     if compile and reference is not None and "torch.compile" not in contenders:
         contenders["torch.compile"] = torch.compile(reference, dynamic=False)
+    if max_numel is None and not on_gpu and sizes is None and inputs is None and spec is not None and spec.bench_sizes:
+        # the spec's sweep is sized for a GPU: on a CPU it would take minutes (its smallest size always runs)
+        max_numel = max(CPU_MAX_NUMEL, min(math.prod(s) for s in spec.bench_sizes))
     make, sizes = _inputs_and_sizes(spec, inputs, sizes, max_numel)
     name = spec.name if spec is not None else next(iter(contenders))
     timer = ("cuda-graph" if graph else "cuda-events") if on_gpu else "host"
@@ -276,7 +288,8 @@ def bench(target: BenchTarget = None, inputs=None, *, spec: Optional[Spec] = Non
     with _many_recompiles():
         for size in sizes:
             if max_numel is not None and math.prod(size) > max_numel:
-                result.notes.append(f"size {report.fmt_shape(size)} skipped (over {max_numel} elements)")
+                result.notes.append(f"size {report.fmt_shape(size)} skipped (over {max_numel} elements; "
+                                    "max_numel=math.inf, or kernelkit bench --all-sizes, times every size)")
                 continue
             args = tuple(make(size, dtype=dtype, device=device, generator=torch.Generator(device=device).manual_seed(seed)))
             _bench_size(result, contenders, args, size, bytes_moved, bw, timing_kw, progress, copy_floor)

@@ -26,12 +26,11 @@ from ..jit import fastcall
 from ..jit.cards import all_cards, find
 from . import report
 from .bandwidth import device_bandwidth, device_name
-from .bench import BenchResult, bench, write_csv
+from .bench import CPU_MAX_NUMEL, BenchResult, bench, write_csv
 from .check import check
 from .results import CheckResult
 from .target import resolve
 
-CPU_MAX_NUMEL = 1 << 22  # CPU sweeps stop here: the GPU-sized sweeps would take minutes on a laptop
 RUN_SIZES = 5  # run is the overview: each size costs a torch.compile of the reference; bench sweeps them all
 RUN_BUDGET_MS = 50.0  # per contender and size; bench's default (100 ms) narrows the intervals further
 
@@ -332,7 +331,7 @@ def write_report(out: Path, env: Dict[str, Any], results: List[CardRun]) -> Path
             md += ["", "### check", "", report.markdown_table(CheckResult.HEADERS, r.check.rows()), ""]
         if r.bench is not None:
             b = r.bench
-            md += ["### bench", "", b.summary(), "", report.markdown_table(b.headers(), b.table_rows()), ""]
+            md += ["### bench", "", b.title(), "", report.markdown_table(b.headers(), b.table_rows()), ""]
             md += [f"![{p.stem}](plots/{p.name})" for p in plots.get(r.name, [])] + [""]
         md += [f"- note: {n}" for n in dict.fromkeys(r.notes)] + [""]
     (out / "summary.md").write_text("\n".join(md))

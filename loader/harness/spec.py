@@ -1,7 +1,8 @@
 """Card specs: the data that tests, ``kernelkit check``, ``bench`` and ``run`` all read.
 
-A card is ``kernels/<op>.cu`` (device code, torch-free), ``kernels/<op>.h`` (launcher declarations, plus
-the torch-facing binding under ``#ifdef KERNELKIT_BINDING``), ``reference/<op>.py`` (pure PyTorch) and a
+A card is ``kernels/<op>.cu`` (the math and device code, torch-free; for elementwise functors also their CPU
+loop), ``kernels/<op>.h`` (declarations, plus the torch-facing binding under ``#ifdef KERNELKIT_BINDING``, which
+a math edit leaves alone), ``reference/<op>.py`` (pure PyTorch) and a
 spec: ``kernels/<op>.py`` defines ``SPEC = kernelkit.Spec(...)`` and may define ``setup(lib)``, called
 after every (re)load with the loaded :class:`kernelkit.Library` to register fake/autograd kernels.
 """

@@ -817,6 +817,34 @@ def _pch_status(root: Path) -> Optional[str]:
         os.close(fd)
 
 
+def _source_status(path: Path) -> Optional[str]:
+    """A generated source (load_inline's text, a binding TU, a split's host and device TUs) lives under the hash
+    of its text and name: anything else there is damage, which the build would refuse as edited."""
+    try:
+        data = _read_regular(path)
+    except OSError as e:
+        return f"unreadable generated source ({e.strerror or e})"
+    if sha256_bytes(data, path.name.encode())[:24] != path.parent.name:
+        return "generated source does not hold the text its name hashes"
+    return None
+
+
+def _remove_source_if(path: Path, keep: Callable[[], bool], held: bool = False) -> bool:
+    """Sources take no lock (every writer writes the same text, atomically): removed unless rewritten meanwhile."""
+    if keep():
+        return False
+    discard_source(path)
+    return not path.exists()
+
+
+def _source_paths() -> List[Path]:
+    out = []
+    for d in subdir("src").iterdir():
+        with contextlib.suppress(OSError):  # removed by a gc or clear meanwhile, or not a dir
+            out += [f for f in d.iterdir() if not f.name.startswith(".")]  # .name.pid.tmp: a write in progress
+    return sorted(out)
+
+
 def _checks() -> Iterator[tuple]:
     """(kind, path, status(), status once its lock is held, remove_if(keep)) for every cache entry."""
     for entry in sorted(subdir("lib").iterdir()):
@@ -828,11 +856,14 @@ def _checks() -> Iterator[tuple]:
     for root in _pch_roots():
         yield ("pch", root, functools.partial(_pch_status, root), functools.partial(pch_problem, root),
                functools.partial(_remove_pch_if, root))
+    for path in _source_paths():
+        status = functools.partial(_source_status, path)
+        yield "source", path, status, status, functools.partial(_remove_source_if, path)
 
 
 def verify(fix: bool = False) -> List[Dict[str, object]]:
     """Check every library, object and precompiled header against its recorded sha256 (and libraries'
-    manifests for sense and safety). One dict per entry: kind, entry, status ('ok' or 'corrupt'), reason,
+    manifests for sense and safety), and every generated source against the hash its place names. One dict per entry: kind, entry, status ('ok' or 'corrupt'), reason,
     removed. ``fix``: remove the corrupt ones (under their locks; an entry in use is left and reported)."""
     found = []
     for kind, path, status, status_locked, remove_if in _checks():

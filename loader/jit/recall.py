@@ -216,7 +216,7 @@ def _nested_lookups(path: Path, quote_bases: Iterable[Path], angle_bases: Iterab
     """For ``#include "a/b.h"``, the directories ``<base>/a`` the search looks into: a file created there
     changes their identity, not the base's."""
     out = []
-    for kind, name in sources.includes(path.read_text(errors="replace")):
+    for kind, name in sources.every_include(path.read_text(errors="replace")):
         if "/" in name:
             out += [(b / name).parent for b in (quote_bases if kind == '"' else angle_bases)]
     return out

@@ -15,9 +15,10 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import Dict, FrozenSet, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from ..errors import KernelkitError
+from . import syntax
 
 # kernelkit's own sources: the public C++ include root (cards include <kernelkit/binding.h>, ...) and its C++
 # modules; here, not in toolchain, because a warm start needs the paths but none of the toolchain
@@ -158,41 +159,89 @@ def resolve_forced(name: str, search: Search, outside: Sequence[Path] = ()) -> O
 
 # ------------------------------------------------------------------------------------------- scanning
 def includes(text: str) -> List[Tuple[str, str]]:
-    """Each ``#include`` of ``text`` as (``"<"`` or ``'"'``, the name as written)."""
+    """Each ``#include`` line of ``text`` as (``"<"`` or ``'"'``, the name as written), by lines."""
     return _INCLUDE.findall(text)
 
 
+def every_include(text: str) -> List[Tuple[str, str]]:
+    """The includes of ``text`` in every preprocessor branch, by lines and by the grammar: a header either
+    misses (a parse error hides it from the grammar, a comment inside the directive from the lines) is still a
+    header the compile may read."""
+    return sorted(set(includes(text)) | {(i.kind, i.name) for i in syntax.directives(text).includes})
+
+
+#: kernelkit's own switches: undefined in a compile unless its flags or the code it reads define them (a
+#: card's .cu includes the card's header, whose torch-facing part sits under #ifdef KERNELKIT_BINDING)
+OWN_MACROS = frozenset({"KERNELKIT_BINDING", "KERNELKIT_WITH_CUDA"})
+
+
+def _compiled_includes(text: str, undefined: FrozenSet[str]) -> Set[Tuple[str, str]]:
+    """The includes of ``text`` the preprocessor may reach when the macros ``undefined`` are not defined: all
+    of them, unless the grammar read the whole file and put the include under a branch they rule out."""
+    facts = syntax.directives(text)
+    if not facts.whole or not undefined:
+        return set(every_include(text))
+    return {(i.kind, i.name) for i in facts.includes
+            if all(not defined or m not in undefined for m, defined in i.requires)}
+
+
 def scan_includes(text: str, here: Path, include_dirs: Sequence[Path], *, quote_dirs: Sequence[Path] = (),
-                  forced: Sequence[Path] = ()) -> Tuple[List[Path], bool]:
+                  forced: Sequence[Path] = (), flags: Sequence[str] = ()) -> Tuple[List[Path], bool]:
     """Local headers ``text`` includes, transitively (a "..." include resolved against its includer's
     directory, then ``quote_dirs``, then the include dirs; a <...> include against the include dirs;
-    system headers are not local and are left out), plus the ``forced`` files (-include, -imacros) and
-    what they include; and whether any of it includes torch."""
+    system headers are not local and are left out), in every preprocessor branch, plus the ``forced`` files
+    (-include, -imacros) and what they include; and whether the compile includes torch, judged from the
+    branches it may compile: kernelkit's own switches (OWN_MACROS) count as undefined unless ``flags`` or a
+    file read defines them."""
     found: Dict[Path, None] = {}
-    uses_torch = False
-    stack: List[Tuple[str, Path]] = [(text, here)]
-    visited: Set[Path] = set()
-
-    def visit(path: Path) -> None:
-        if path not in visited:
-            visited.add(path)
-            found[path] = None
-            stack.append((path.read_text(errors="replace"), path.parent))
-
+    texts: Dict[Optional[Path], str] = {None: text}  # None: the TU itself
+    stack: List[Optional[Path]] = [None]
     for f in forced:
-        visit(f.resolve())
+        f = f.resolve()
+        found[f] = None
+        texts[f] = f.read_text(errors="replace")
+        stack.append(f)
     while stack:
-        body, base = stack.pop()
-        for kind, name in includes(body):
-            if name.startswith(_TORCH_PREFIXES):
-                uses_torch = True
+        file = stack.pop()
+        base = here if file is None else file.parent
+        body = texts[file]
+        for kind, name in every_include(body):
             dirs: Iterable[Path] = [base, *quote_dirs, *include_dirs] if kind == '"' else include_dirs
             for d in dirs:
                 cand = d / name
                 if cand.is_file():  # before resolve(): most candidates (system headers) do not exist
-                    visit(cand.resolve())
+                    cand = cand.resolve()
+                    if cand not in found:
+                        found[cand] = None
+                        texts[cand] = cand.read_text(errors="replace")
+                        stack.append(cand)
                     break
-    return sorted(found), uses_torch
+    named = {m for f in flags for m in OWN_MACROS if m in f}
+    named |= {m for body in texts.values() for m in syntax.directives(body).macros & OWN_MACROS}
+    undefined = OWN_MACROS - named
+    return sorted(found), _reaches_torch(texts, here, include_dirs, quote_dirs, forced, undefined)
+
+
+def _reaches_torch(texts: Dict[Optional[Path], str], here: Path, include_dirs: Sequence[Path],
+                   quote_dirs: Sequence[Path], forced: Sequence[Path], undefined: FrozenSet[str]) -> bool:
+    seen: Set[Optional[Path]] = set()
+    stack: List[Optional[Path]] = [None, *(f.resolve() for f in forced)]
+    while stack:
+        file = stack.pop()
+        if file in seen:
+            continue
+        seen.add(file)
+        base = here if file is None else file.parent
+        for kind, name in _compiled_includes(texts[file], undefined):
+            if name.startswith(_TORCH_PREFIXES):
+                return True
+            dirs: Iterable[Path] = [base, *quote_dirs, *include_dirs] if kind == '"' else include_dirs
+            for d in dirs:
+                cand = d / name
+                if cand.is_file():
+                    stack.append(cand.resolve())
+                    break
+    return False
 
 
 def portable_name(path: Path, roots: Sequence[Path]) -> str:

@@ -4,7 +4,7 @@ grammar sees a definition, not where the text merely mentions one (a comment, a 
 from __future__ import annotations
 
 import functools
-from typing import Iterator, List, NamedTuple, Optional, Sequence
+from typing import FrozenSet, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 
 class MacroBlock(NamedTuple):
@@ -98,4 +98,92 @@ def first_cuda_token(text: str, tokens: Sequence[str]) -> Optional[str]:
     for node in walk(parse(text).root_node):
         if node.child_count == 0 and node.type in wanted:
             return node.type
+    return None
+
+
+class Include(NamedTuple):
+    kind: str  # "<" or '"'
+    name: str  # as written between the delimiters
+    #: (macro, must be defined) for each enclosing ``#ifdef``/``#ifndef``/``#if defined(...)`` branch the grammar
+    #: can read; a condition it cannot read (``#if X > 2``) adds nothing (the branch may be compiled)
+    requires: Tuple[Tuple[str, bool], ...]
+
+
+class Directives(NamedTuple):
+    includes: Tuple[Include, ...]
+    macros: FrozenSet[str]  # names the text #defines or #undefs
+    #: no directive sits where the text failed to parse (else an include may be hidden from the grammar, or a
+    #: conditional's end misplaced); an unknown macro before a declaration (``KK_HD A f()``) does not count
+    whole: bool
+
+
+_CONDITIONALS = {"preproc_if", "preproc_ifdef", "preproc_elif", "preproc_elifdef"}
+
+
+@functools.lru_cache(maxsize=512)
+def directives(text: str) -> Directives:
+    """The ``#include`` directives of ``text`` with the preprocessor conditions they sit under, as the grammar
+    sees them (also inside namespaces, functions and class bodies)."""
+    found, macros, whole = [], set(), True
+    root = parse(text).root_node
+    for node in walk(root):
+        if node.type == "ERROR" and b"#" in node.text or node.is_missing and node.type.startswith("#"):
+            whole = False
+        if node.type in ("preproc_def", "preproc_function_def"):
+            macros.add(node.child_by_field_name("name").text.decode(errors="replace"))
+            continue
+        if node.type == "preproc_call":
+            directive = node.child_by_field_name("directive").text.decode(errors="replace").replace(" ", "")
+            arg = node.child_by_field_name("argument")
+            value = arg.text.decode(errors="replace").strip() if arg is not None else ""
+            if directive == "#undef":
+                macros.add(value)
+            elif directive == "#include" and value[:1] in "<\"" and value[-1:] in ">\"" and len(value) > 2:
+                found.append(Include(value[0], value[1:-1], _requires(node)))
+            continue
+        if node.type == "preproc_include":
+            path = node.child_by_field_name("path")
+            written = path.text.decode(errors="replace") if path is not None else ""
+            if path is not None and path.type in ("string_literal", "system_lib_string") and len(written) > 2:
+                found.append(Include(written[0], written[1:-1], _requires(node)))
+    return Directives(tuple(found), frozenset(macros), whole)
+
+
+def _requires(node) -> Tuple[Tuple[str, bool], ...]:
+    out = []
+    child, parent = node, node.parent
+    while parent is not None:
+        if parent.type in _CONDITIONALS:
+            literals = _condition(parent)
+            if parent.child_by_field_name("alternative") == child:
+                if literals is not None and len(literals) == 1:  # not (m defined) is (m not defined)
+                    out.append((literals[0][0], not literals[0][1]))
+            elif literals is not None:
+                out += literals
+        child, parent = parent, parent.parent
+    return tuple(out)
+
+
+def _condition(node) -> Optional[List[Tuple[str, bool]]]:
+    """A conditional's test as (macro, defined) literals that must all hold, or None where it is not that."""
+    if node.type in ("preproc_ifdef", "preproc_elifdef"):
+        name = node.child_by_field_name("name")
+        negated = any(c.type in ("#ifndef", "#elifndef") for c in node.children)
+        return None if name is None else [(name.text.decode(errors="replace"), not negated)]
+    return _literals(node.child_by_field_name("condition"))
+
+
+def _literals(expr) -> Optional[List[Tuple[str, bool]]]:
+    if expr is None:
+        return None
+    if expr.type == "parenthesized_expression" and expr.named_child_count == 1:
+        return _literals(expr.named_children[0])
+    if expr.type == "preproc_defined" and expr.named_child_count == 1:
+        return [(expr.named_children[0].text.decode(errors="replace"), True)]
+    if expr.type == "unary_expression" and expr.child_by_field_name("operator").type == "!":
+        inner = _literals(expr.child_by_field_name("argument"))
+        return [(inner[0][0], not inner[0][1])] if inner is not None and len(inner) == 1 else None
+    if expr.type == "binary_expression" and expr.child_by_field_name("operator").type == "&&":
+        left, right = _literals(expr.child_by_field_name("left")), _literals(expr.child_by_field_name("right"))
+        return left + right if left is not None and right is not None else None
     return None

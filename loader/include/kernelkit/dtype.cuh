@@ -24,15 +24,16 @@ template <> struct AccType<double> { using type = double; };
 template <typename T> using acc_t = typename AccType<T>::type;
 
 #if defined(__CUDACC__)
-KK_DEVICE float to_acc(float x) { return x; }
-KK_DEVICE double to_acc(double x) { return x; }
-KK_DEVICE float to_acc(__half x) { return __half2float(x); }
-KK_DEVICE float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
+// Host and device: a card's .cu also compiles its CPU loop (kk::cpu_run, <kernelkit/elementwise.cuh>).
+KK_HD float to_acc(float x) { return x; }
+KK_HD double to_acc(double x) { return x; }
+KK_HD float to_acc(__half x) { return __half2float(x); }
+KK_HD float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 // Round an accumulator back to the storage type (round to nearest even, like torch).
-template <typename T> KK_DEVICE T from_acc(acc_t<T> x) { return static_cast<T>(x); }
-template <> KK_DEVICE __half from_acc<__half>(float x) { return __float2half_rn(x); }
-template <> KK_DEVICE __nv_bfloat16 from_acc<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <typename T> KK_HD T from_acc(acc_t<T> x) { return static_cast<T>(x); }
+template <> KK_HD __half from_acc<__half>(float x) { return __float2half_rn(x); }
+template <> KK_HD __nv_bfloat16 from_acc<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 #endif
 
 }  // namespace kk

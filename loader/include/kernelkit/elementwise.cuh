@@ -156,9 +156,12 @@ cudaError_t launch_elementwise(T* out, InPtrs<T, NIn> in, int64_t n, F f, cudaSt
   bool aligned = is_aligned(out, eight ? 8 : kVecBytes);
   for (int k = 0; k < NIn; ++k) aligned = aligned && is_aligned(in.p[k], eight ? 8 : kVecBytes);
   const bool big_block = NIn > 1 && operand >= kEwLargeOperand;  // one access per thread: 512 threads
-  if (!aligned)
-    return big_block ? launch_elementwise_w<T, 1, 1, 512, NIn>(out, in, n, f, stream)
-                     : launch_elementwise_w<T, 1, 1, 256, NIn>(out, in, n, f, stream);
+  if (!aligned) {
+    if constexpr (NIn > 1) {  // (not instantiated where it cannot run: every kernel costs compile time)
+      if (big_block) return launch_elementwise_w<T, 1, 1, 512, NIn>(out, in, n, f, stream);
+    }
+    return launch_elementwise_w<T, 1, 1, 256, NIn>(out, in, n, f, stream);
+  }
   constexpr int W = vec_width<T>();
   if constexpr (NIn == 1) {
     if (wide && streaming) return launch_elementwise_w<T, W, 2, 128, NIn>(out, in, n, f, stream);
@@ -188,13 +191,45 @@ cudaError_t binary_launch(const T* a, const T* b, T* out, int64_t n, cudaStream_
   return launch_elementwise<T, 2>(out, InPtrs<T, 2>{{a, b}}, n, Op<acc_t<T>>{}, stream);
 }
 
+template <typename F, typename A, int NIn, size_t... I>
+KK_HD A apply_host(const F& f, const A (&x)[NIn], std::index_sequence<I...>) {
+  return f(x[I]...);
+}
+
+template <template <typename> class Op, typename T, int NIn>
+void cpu_run(char* const* data, const int64_t* strides, int64_t n) {
+  using A = acc_t<T>;
+  const Op<A> f{};
+  bool contiguous = true;
+  for (int k = 0; k <= NIn; ++k) contiguous = contiguous && strides[k] == static_cast<int64_t>(sizeof(T));
+  if (contiguous) {  // the common case, as its own loop the host compiler vectorises
+    T* out = reinterpret_cast<T*>(data[0]);
+    const T* in[NIn];
+    for (int k = 0; k < NIn; ++k) in[k] = reinterpret_cast<const T*>(data[k + 1]);
+    for (int64_t i = 0; i < n; ++i) {
+      A a[NIn];
+      for (int k = 0; k < NIn; ++k) a[k] = to_acc(in[k][i]);
+      out[i] = from_acc<T>(apply_host(f, a, std::make_index_sequence<NIn>{}));
+    }
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    A a[NIn];
+    for (int k = 0; k < NIn; ++k) a[k] = to_acc(*reinterpret_cast<const T*>(data[k + 1] + i * strides[k + 1]));
+    *reinterpret_cast<T*>(data[0] + i * strides[0]) = from_acc<T>(apply_host(f, a, std::make_index_sequence<NIn>{}));
+  }
+}
+
 }  // namespace kk
 
-// One line in a card's .cu: the launchers of <kernelkit/elementwise.h> for functor template OP, compiled
-// for float, double, __half and __nv_bfloat16 (at file scope; OP fully qualified, e.g. kk::ReluOp).
-#define KK_UNARY_LAUNCHER_T_(OP, T) template cudaError_t kk::unary_launch<OP, T>(const T*, T*, int64_t, cudaStream_t);
-#define KK_BINARY_LAUNCHER_T_(OP, T) \
-  template cudaError_t kk::binary_launch<OP, T>(const T*, const T*, T*, int64_t, cudaStream_t);
+// One line in a card's .cu: the launchers of <kernelkit/elementwise.h> for functor template OP and its CPU
+// loop, compiled for float, double, __half and __nv_bfloat16 (at file scope; OP fully qualified, e.g. kk::ReluOp).
+#define KK_UNARY_LAUNCHER_T_(OP, T)                                                  \
+  template cudaError_t kk::unary_launch<OP, T>(const T*, T*, int64_t, cudaStream_t); \
+  template void kk::cpu_run<OP, T, 1>(char* const*, const int64_t*, int64_t);
+#define KK_BINARY_LAUNCHER_T_(OP, T)                                                           \
+  template cudaError_t kk::binary_launch<OP, T>(const T*, const T*, T*, int64_t, cudaStream_t); \
+  template void kk::cpu_run<OP, T, 2>(char* const*, const int64_t*, int64_t);
 #define KK_UNARY_LAUNCHER(OP)                                 \
   KK_UNARY_LAUNCHER_T_(OP, float) KK_UNARY_LAUNCHER_T_(OP, double) \
   KK_UNARY_LAUNCHER_T_(OP, __half) KK_UNARY_LAUNCHER_T_(OP, __nv_bfloat16)

@@ -162,6 +162,36 @@ template <typename T> const typename cuda_type<T>::type* cuda_cptr(const at::Ten
   return reinterpret_cast<const typename cuda_type<T>::type*>(t.const_data_ptr<T>());
 }
 
+// The CPU loop of elementwise Op through kk::cpu_run, compiled in the card's .cu by its launcher line: the
+// binding needs Op's name only. Same walk as cpu_elementwise: contiguous chunks in parallel, else
+// at::TensorIterator's runs over strided and broadcast views.
+template <template <typename> class Op, typename scalar_t, typename... Ts>
+void cpu_elementwise_run(const at::Tensor& out, const Ts&... ins) {
+  using T = typename cuda_type<scalar_t>::type;
+  constexpr int kIn = static_cast<int>(sizeof...(Ts));
+  constexpr int64_t kSize = static_cast<int64_t>(sizeof(T));
+  if (out.is_contiguous() && (... && (ins.is_contiguous() && ins.sizes() == out.sizes()))) {
+    char* const base[kIn + 1] = {static_cast<char*>(out.data_ptr()),
+                                 const_cast<char*>(static_cast<const char*>(ins.const_data_ptr()))...};
+    at::parallel_for(0, out.numel(), 32768, [&](int64_t begin, int64_t end) {
+      char* data[kIn + 1];
+      int64_t strides[kIn + 1];
+      for (int k = 0; k <= kIn; ++k) {
+        data[k] = base[k] + begin * kSize;
+        strides[k] = kSize;
+      }
+      cpu_run<Op, T, kIn>(data, strides, end - begin);
+    });
+    return;
+  }
+  at::TensorIteratorConfig config;
+  config.add_output(out).resize_outputs(false);
+  (config.add_const_input(ins), ...);
+  at::TensorIterator iter = config.build();
+  iter.for_each([](char** data, const int64_t* strides, int64_t n) { cpu_run<Op, T, kIn>(data, strides, n); },
+                32768);
+}
+
 inline void check_cuda(const char* op, const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got one on ", t.device(),
               " (all tensor arguments must be on the same device)");
@@ -278,12 +308,11 @@ inline std::vector<c10::IValue> pop_args(torch::jit::Stack* stack, size_t n) {
 
 namespace kk {
 
-// out = Op(a, b) elementwise with torch's broadcasting, for every binary elementwise card: checked and
-// broadcast operands, then `launch(a, b, out, n, stream)` (typed device pointers) on CUDA, or the CPU
-// loop with Op<opmath type> otherwise. `op`, `an`, `bn` name the op and its arguments in errors.
-template <template <typename> class Op, typename Launch>
-at::Tensor binary_elementwise(const char* op, const at::Tensor& a, const char* an, const at::Tensor& b,
-                              const char* bn, Launch&& launch) {
+// The binary elementwise op on checked, broadcast operands: `launch(a, b, out, n, stream)` (typed device
+// pointers) on CUDA, `cpu(out, a, b)` with scalar_t's tag otherwise.
+template <typename Launch, typename Cpu>
+at::Tensor binary_elementwise_with(const char* op, const at::Tensor& a, const char* an, const at::Tensor& b,
+                                   const char* bn, Launch&& launch, Cpu&& cpu) {
   auto ops = binary_operands(op, a, an, b, bn);
   at::Tensor out = new_output(ops.shape, ops.a);
   KK_DISPATCH_FLOATING(out.scalar_type(), "kk::binary_elementwise", [&] {
@@ -291,31 +320,47 @@ at::Tensor binary_elementwise(const char* op, const at::Tensor& a, const char* a
       KK_CUDA_LAUNCH(out.device(), launch(cuda_cptr<scalar_t>(ops.a), cuda_cptr<scalar_t>(ops.b),
                                           cuda_ptr<scalar_t>(out), out.numel(), at::cuda::getCurrentCUDAStream()));
     } else {
-      cpu_elementwise<scalar_t>(out, Op<at::opmath_type<scalar_t>>{}, ops.a, ops.b);
+      cpu(out, ops.a, ops.b, scalar_t{});
     }
   });
   return out;
+}
+
+// out = Op(a, b) elementwise with torch's broadcasting, for every binary elementwise card: checked and
+// broadcast operands, then `launch(a, b, out, n, stream)` (typed device pointers) on CUDA, or the CPU
+// loop with Op<opmath type> otherwise (so Op must be defined here, not only declared). `op`, `an`, `bn`
+// name the op and its arguments in errors.
+template <template <typename> class Op, typename Launch>
+at::Tensor binary_elementwise(const char* op, const at::Tensor& a, const char* an, const at::Tensor& b,
+                              const char* bn, Launch&& launch) {
+  return binary_elementwise_with(op, a, an, b, bn, std::forward<Launch>(launch), [](auto& out, auto& x, auto& y, auto tag) {
+    using scalar_t = decltype(tag);
+    cpu_elementwise<scalar_t>(out, Op<at::opmath_type<scalar_t>>{}, x, y);
+  });
 }
 
 }  // namespace kk
 
 namespace kk {
 
-// out = Op(a, b) as binary_elementwise above, launched through binary_launch<Op> (KK_BINARY_LAUNCHER(Op)
-// in the card's .cu).
+// out = Op(a, b) as binary_elementwise above, through binary_launch<Op> and cpu_run<Op> (KK_BINARY_LAUNCHER(Op)
+// in the card's .cu compiles both: the binding needs Op's declaration only).
 template <template <typename> class Op>
 at::Tensor binary_elementwise(const char* op, const at::Tensor& a, const char* an, const at::Tensor& b,
                               const char* bn) {
 #ifdef KERNELKIT_WITH_CUDA
-  return binary_elementwise<Op>(op, a, an, b, bn, [](auto... args) { return binary_launch<Op>(args...); });
+  return binary_elementwise_with(
+      op, a, an, b, bn, [](auto... args) { return binary_launch<Op>(args...); },
+      [](auto& out, auto& x, auto& y, auto tag) { cpu_elementwise_run<Op, decltype(tag)>(out, x, y); });
 #else
   return binary_elementwise<Op>(op, a, an, b, bn, [](auto...) { return 0; });
 #endif
 }
 
 // out = Op(x) elementwise for every unary elementwise card: x checked (float32/64/16, bfloat16) and made
-// contiguous, then unary_launch<Op> on CUDA (KK_UNARY_LAUNCHER(Op) in the card's .cu), or the CPU loop with
-// Op<opmath type>. `op` and `xn` name the op and its argument in errors.
+// contiguous, then unary_launch<Op> on CUDA, or cpu_run<Op> on the CPU (KK_UNARY_LAUNCHER(Op) in the card's
+// .cu compiles both: the binding needs Op's declaration only). `op` and `xn` name the op and its argument in
+// errors.
 template <template <typename> class Op>
 at::Tensor unary_elementwise(const char* op, const at::Tensor& x, const char* xn) {
   check_floating(op, x, xn);
@@ -326,7 +371,11 @@ at::Tensor unary_elementwise(const char* op, const at::Tensor& x, const char* xn
       KK_CUDA_LAUNCH(out.device(), unary_launch<Op>(cuda_cptr<scalar_t>(xc), cuda_ptr<scalar_t>(out), out.numel(),
                                                     at::cuda::getCurrentCUDAStream()));
     } else {
+#ifdef KERNELKIT_WITH_CUDA
+      cpu_elementwise_run<Op, scalar_t>(out, xc);
+#else
       cpu_elementwise<scalar_t>(out, Op<at::opmath_type<scalar_t>>{}, xc);
+#endif
     }
   });
   return out;

@@ -1,0 +1,106 @@
+"""A card's math edit -> usable op, in one live process: the layout ``kernelkit new`` writes (the functors in the
+``.cu``, which also compiles their CPU loop) against the layout cards had before (the functors in the header the
+torch-facing binding includes), side by side in one run, each with its own fresh cache.
+
+Each edit changes the EDIT line of a unary card with a backward, loads it again and calls the op until it gives
+the new math: on the CPU, and on CUDA when a GPU is visible. Usage:
+    python benchmarks/card_edit_bench.py [--edits 3] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+
+CHILD = r"""
+import json, os, sys, time
+from pathlib import Path
+import torch
+import kernelkit
+from kernelkit.frontends import scaffold
+from kernelkit.jit import build
+
+layout, d, edits = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+files = scaffold.card_files("bench_cube", "unary", backward=True)
+cu, h = files["bench_cube.cu"], files["bench_cube.h"]
+if layout == "header":  # the functors where the binding sees them, the .cu with its launcher lines only
+    start, end = cu.index("namespace kk {"), cu.index("KK_UNARY_LAUNCHER")
+    h = h.replace("#pragma once\n", "#pragma once\n#include <kernelkit/elementwise.h>\n" + cu[start:end], 1)
+    cu = "#include <kernelkit/elementwise.cuh>\n#include \"bench_cube.h\"\n" + cu[end:]
+(d / "bench_cube.cu").write_text(cu)
+(d / "bench_cube.h").write_text(h)
+(d / "bench_cube.py").write_text(files["bench_cube.py"])
+math_file = d / ("bench_cube.cu" if layout == "cu" else "bench_cube.h")
+devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def usable(k):
+    for dev in devices:
+        x = torch.randn(1 << 16, device=dev)
+        y = kernelkit.ops.bench_cube(x)
+        assert torch.allclose(y, x * x + k, rtol=1e-5, atol=1e-5), f"wrong result on {dev}"
+    if "cuda" in devices:
+        torch.cuda.synchronize()
+
+
+t0 = time.perf_counter()
+kernelkit.load("bench_cube", kernels_dir=d)
+usable(0)
+out = {"cold": time.perf_counter() - t0, "edits": [], "compiles": []}
+text = math_file.read_text()
+for k in range(1, edits + 1):
+    math_file.write_text(text.replace("return x * x; }  // EDIT", f"return x * x + A({k}); }}  // EDIT"))
+    before = build.STATS["compiles"]
+    t0 = time.perf_counter()
+    kernelkit.load("bench_cube", kernels_dir=d)
+    usable(k)
+    out["edits"].append(time.perf_counter() - t0)
+    out["compiles"].append(build.STATS["compiles"] - before)
+print(json.dumps(out))
+"""
+
+
+def run(layout: str, edits: int) -> dict:
+    with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as cards:
+        env = dict(os.environ, KERNELKIT_CACHE_DIR=cache)
+        p = subprocess.run([sys.executable, "-c", CHILD, layout, cards, str(edits)], capture_output=True, text=True,
+                           env=env, timeout=1800)
+    if p.returncode != 0:
+        raise RuntimeError(f"{layout} child failed:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def machine() -> str:
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30).stdout.strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.TimeoutExpired):
+        gpu = "no GPU (CPU op only)"
+    return f"{gpu}; {os.cpu_count()} CPUs; {platform.python_version()}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--edits", type=int, default=3)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    results = {layout: run(layout, args.edits) for layout in ("cu", "header")}
+    print(f"machine: {machine()}")
+    print("| layout | cold build -> usable | math edit -> usable (median) | compiles per edit |")
+    print("|---|---|---|---|")
+    for layout, name in (("cu", "functors in the .cu (kernelkit new)"), ("header", "functors in the binding's header")):
+        r = results[layout]
+        print(f"| {name} | {r['cold']:.1f} s | {statistics.median(r['edits']):.2f} s | {max(r['compiles'])} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine(), **results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
