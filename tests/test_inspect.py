@@ -466,3 +466,16 @@ def test_only_cubins_that_call_printf_or_assert_count_as_printing(cache):
     assert compile_kernels(HELLO, "hello_prints", arch="9.0").prints()
     assert compile_kernels(ASSERTING, "assert_prints", arch="9.0").prints()
     assert not compile_kernels(SIMPLE, "simple_prints", arch="9.0").prints()
+
+
+def test_kernel_names_are_cut_only_where_they_stay_apart():
+    """Template instantiations differ in their middle as often as at their ends: a cut that makes two rows read
+    the same is not made."""
+    from kernelkit.inspect.compile_report import _NAME_WIDTH, _shown
+
+    head, tail = "kk::elementwise_kernel<" + "x" * _NAME_WIDTH, "y" * _NAME_WIDTH + ">"
+    same_ends = [f"{head}, {k}, {tail}" for k in (1, 2)]
+    other = "void kk::" + "z" * (3 * _NAME_WIDTH) + "(float*)"
+    shown = _shown(same_ends + [other, "void small(int)"])
+    assert shown[same_ends[0]] != shown[same_ends[1]] and "…" not in shown[same_ends[0]]
+    assert "…" in shown[other] and len(shown[other]) == _NAME_WIDTH and shown["void small(int)"] == "small"

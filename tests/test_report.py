@@ -111,3 +111,28 @@ def test_plot_sweeps_in_subprocesses_match_in_process(tmp_path):
         ["a_bandwidth.png", "a_speedup.png", "a_time.png"]
     assert all(p.is_file() and p.stat().st_size > 1000 for p in drawn["a"] + drawn["b"])
     assert isinstance(drawn["broken"], str) and "Error" in drawn["broken"]  # the error's text, not a lost report
+
+
+def test_speedup_intervals_and_cpu_caveats_are_drawn():
+    """The paired ratios' 95% intervals shade each speedup line (the CSV has them, the plot shows them); a CPU
+    sweep's time and bandwidth plots say on the figure what its floor means."""
+    series = fake_series()
+    for p in series["eager"]:
+        p.update(ratio=2.5, ratio_lo=2.3, ratio_hi=2.8)
+    cpu_title = report.sweep_title("sigmoid", "cpu", "x86_64 (2 threads)", "float32")
+    figs = report.sweep_figures(series, "bytes moved", cpu_title)
+    try:
+        speedup = figs["speedup"].axes[0]
+        [band] = speedup.collections  # eager's interval only: torch.compile's points carry none
+        lo, hi = band.get_paths()[0].vertices[:, 1].min(), band.get_paths()[0].vertices[:, 1].max()
+        assert (lo, hi) == (pytest.approx(2.3), pytest.approx(2.8))
+        for name in ("time", "bandwidth"):
+            assert any("DRAM copy" in t.get_text() for t in figs[name].axes[0].texts)
+        assert not figs["speedup"].axes[0].texts
+    finally:
+        for fig in figs.values():
+            report._pyplot().close(fig)
+    gpu = report.sweep_figures(fake_series(), "bytes moved", TITLE)
+    assert not any(ax.texts for fig in gpu.values() for ax in fig.axes)
+    for fig in gpu.values():
+        report._pyplot().close(fig)

@@ -7,6 +7,7 @@ are remembered in ``cache_dir()/reports/`` so a report shows the change against 
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import difflib
 import hashlib
@@ -160,6 +161,14 @@ def _short(name: str, width: int = _NAME_WIDTH) -> str:
     return name[:half] + "…" + name[-(width - 1 - half):]
 
 
+def _shown(names: List[str]) -> Dict[str, str]:
+    """Each name as a table shows it: cut (``_short``) where the cut one still tells it from the others, whole
+    where two names would read the same."""
+    cut = {n: _short(n) for n in names}
+    readings = collections.Counter(cut[n] for n in set(names))
+    return {n: cut[n] if readings[cut[n]] == 1 else _short(n, width=len(n)) for n in names}
+
+
 def _bytes(n: Optional[int]) -> str:
     return "-" if n is None else f"{n} B" if n < 1024 else f"{n / 1024:.1f} KB"
 
@@ -203,9 +212,10 @@ class CompileReport:
         old = {(r["arch"], r["symbol"]) if isinstance(r, dict) else (r.arch, r.symbol):
                r if isinstance(r, dict) else r.as_dict() for r in old_rows}
         lines = []
+        shown = _shown([r.name for r in self.rows] + [r["name"] for r in old.values()])
         for r in self.rows:
             before = old.pop((r.arch, r.symbol), None)
-            label = f"{_short(r.name)} ({r.arch})"
+            label = f"{shown[r.name]} ({r.arch})"
             if before is None:
                 lines.append(f"{label}: new")
                 continue
@@ -221,7 +231,7 @@ class CompileReport:
                     changes.append(f"{shown} {a} → {b}{unit}")
             if changes:
                 lines.append(f"{label}: {', '.join(changes)}")
-        lines += [f"{_short(r['name'])} ({r['arch']}): gone" for r in old.values()]
+        lines += [f"{shown[r['name']]} ({r['arch']}): gone" for r in old.values()]
         return lines
 
     @property
@@ -231,7 +241,8 @@ class CompileReport:
     def _table(self) -> Tuple[List[str], List[List[str]]]:
         occ = f"occupancy @{self.block_size}" + ("" if self.block_size_given else "?")
         head = ["kernel", "arch", "regs", "spill st/ld", "stack", "smem", "max dyn smem", "local", occ]
-        body = [[_short(r.name), r.arch, str(r.registers),
+        shown = _shown([r.name for r in self.rows])
+        body = [[shown[r.name], r.arch, str(r.registers),
                  f"{r.spill_stores}/{r.spill_loads} B" if r.spills else "0",
                  _bytes(r.stack), _bytes(r.shared), _bytes(r.max_dynamic_shared), _bytes(r.local),
                  str(r.occupancy) if r.occupancy else "-"] for r in self.rows]
@@ -254,7 +265,8 @@ class CompileReport:
 
     def compact(self) -> str:
         """A few lines for after a build: the kernels that spill, and what changed."""
-        spilling = [f"  {_short(r.name)} ({r.arch}): spills {r.spill_stores}/{r.spill_loads} B st/ld, {r.registers} regs"
+        shown = _shown([r.name for r in self.rows])
+        spilling = [f"  {shown[r.name]} ({r.arch}): spills {r.spill_stores}/{r.spill_loads} B st/ld, {r.registers} regs"
                     for r in self.rows if r.spills]
         regs = sorted(r.registers for r in self.rows)
         span = "-" if not regs else str(regs[0]) if regs[0] == regs[-1] else f"{regs[0]}–{regs[-1]}"
