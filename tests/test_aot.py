@@ -114,6 +114,20 @@ def test_arch_coverage():
     assert prebuilt.covers([], [])
 
 
+@pytest.mark.cuda_build
+def test_one_wheel_for_the_gpus_users_have(tmp_path):
+    """README's recipe: SASS for each listed arch and PTX of the last, so a newer GPU JIT-compiles it; the
+    manifest says what the prebuilt covers."""
+    cards = copy_cards(tmp_path / "cards")
+    target = plan("sigmoid", cards, arch="7.5;8.0;8.6;8.9;9.0+PTX")
+    nvcc = aot.extension(target).extra_compile_args["nvcc"]
+    gencodes = [nvcc[i + 1] for i, f in enumerate(nvcc) if f == "-gencode"]
+    expected = [f"arch=compute_{a},code=sm_{a}" for a in ("75", "80", "86", "89", "90")]
+    assert sorted(gencodes) == sorted(expected + ["arch=compute_90,code=compute_90"])
+    archs = prebuilt.target_archs(target)
+    assert prebuilt.covers(archs, ["sm_75"]) and prebuilt.covers(archs, ["sm_120"])  # PTX: JIT by the driver
+
+
 def test_setup_py_without_aot_imports_no_torch():
     proc = run_python(f"""
         import runpy, sys
