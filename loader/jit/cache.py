@@ -829,7 +829,7 @@ def _source_status(path: Path) -> Optional[str]:
     return None
 
 
-def _remove_source_if(path: Path, keep: Callable[[], bool], held: bool = False) -> bool:
+def _remove_source_if(path: Path, keep: Callable[[], bool]) -> bool:
     """Sources take no lock (every writer writes the same text, atomically): removed unless rewritten meanwhile."""
     if keep():
         return False
