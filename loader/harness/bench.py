@@ -207,6 +207,22 @@ def _many_recompiles():
 CPU_MAX_NUMEL = 1 << 22  # CPU sweeps stop here: the GPU-sized sweeps would take minutes on a laptop
 
 
+def _add_references(contenders: Dict[str, Callable], reference: Optional[Callable], compile: bool) -> None:
+    """The eager reference and torch.compile(reference) join the contenders, unless already named."""
+    if reference is not None and "eager" not in contenders:
+        contenders["eager"] = reference
+    if compile and reference is not None and "torch.compile" not in contenders:
+        contenders["torch.compile"] = torch.compile(reference, dynamic=False)
+
+
+def _cpu_cap(spec: Optional[Spec]) -> Optional[int]:
+    """A spec's sweep is sized for a GPU and would take minutes on a CPU: stop at CPU_MAX_NUMEL elements
+    (its smallest size always runs)."""
+    if spec is None or not spec.bench_sizes:
+        return None
+    return max(CPU_MAX_NUMEL, min(math.prod(s) for s in spec.bench_sizes))
+
+
 def _inputs_and_sizes(spec: Optional[Spec], inputs, sizes, max_numel: Optional[int]):
     """(make_inputs, sizes to time): ``inputs`` (given values time at their own size), else the spec's."""
     if spec is None and inputs is None:
@@ -260,15 +276,9 @@ def bench(target: BenchTarget = None, inputs=None, *, spec: Optional[Spec] = Non
     reference = reference if reference is not None else spec.reference if spec is not None else None
     on_gpu = device.type == "cuda"
     dtype = dtype or (spec.bench_dtype if spec is not None else torch.float32)
-    if reference is not None and "eager" not in contenders:
-        contenders["eager"] = reference
-    if compile is None:
-        compile = on_gpu
-    if compile and reference is not None and "torch.compile" not in contenders:
-        contenders["torch.compile"] = torch.compile(reference, dynamic=False)
-    if max_numel is None and not on_gpu and sizes is None and inputs is None and spec is not None and spec.bench_sizes:
-        # the spec's sweep is sized for a GPU: on a CPU it would take minutes (its smallest size always runs)
-        max_numel = max(CPU_MAX_NUMEL, min(math.prod(s) for s in spec.bench_sizes))
+    _add_references(contenders, reference, on_gpu if compile is None else compile)
+    if max_numel is None and not on_gpu and sizes is None and inputs is None:
+        max_numel = _cpu_cap(spec)
     make, sizes = _inputs_and_sizes(spec, inputs, sizes, max_numel)
     name = spec.name if spec is not None else next(iter(contenders))
     timer = ("cuda-graph" if graph else "cuda-events") if on_gpu else "host"
