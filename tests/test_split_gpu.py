@@ -86,3 +86,27 @@ def test_same_results_as_torchs_own_build(file, tmp_path, monkeypatch, capfd):
         names = sorted(n for n in dir(module) if not n.startswith("_"))
         assert names == meta["names"]
         assert {n: getattr(module, n).__doc__ for n in names} == meta["docs"]
+
+
+
+@pytest.mark.parametrize("file, old, new, call, before, after", [
+    ("relu_extension.cu", "v * slope;", "v * slope * 3.0f;", lambda m, x: m.leaky_relu(x, 0.1),
+     lambda x: torch.where(x > 0, x, x * 0.1), lambda x: torch.where(x > 0, x, x * 0.1 * 3.0)),
+    ("thrust_sort.cu", "y[i] = fabsf(x[i]);", "y[i] = -fabsf(x[i]);", lambda m, x: m.sorted_abs(x),
+     lambda x: torch.sort(x.abs()).values, lambda x: torch.sort(-x.abs()).values),
+])
+def test_a_kernel_body_edit_runs_the_new_device_code(file, old, new, call, before, after, tmp_path, monkeypatch,
+                                                     capfd):
+    """Only the device code is compiled and placed into the earlier object (a split's device TU; a file built
+    as written): the library that loads runs the edited kernel."""
+    monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "kk_cache"))
+    src = tmp_path / file
+    src.write_text((HERE / file).read_text())
+    x = torch.randn(4097, device="cuda", generator=torch.Generator("cuda").manual_seed(5))
+    torch.testing.assert_close(call(kernelkit.load("kk_swap_" + src.stem, [str(src)]), x), before(x))
+    capfd.readouterr()
+    src.write_text(src.read_text().replace(old, new))
+    edited = kernelkit.load("kk_swap_" + src.stem, [str(src)])
+    said = capfd.readouterr().err
+    assert "device code only" in said, said
+    torch.testing.assert_close(call(edited, x), after(x))

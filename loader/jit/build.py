@@ -32,7 +32,8 @@ from .sources import INCLUDE, digest_tree, scan_includes, sha256_file
 log = logging.getLogger("kernelkit")
 
 #: counters a test (or a curious user) can read: how many compiler/linker processes this process ran
-STATS = {"compiles": 0, "links": 0, "joins": 0, "pch_builds": 0, "pch_used": 0, "pch_rejected": 0}
+STATS = {"compiles": 0, "links": 0, "joins": 0, "pch_builds": 0, "pch_used": 0, "pch_rejected": 0,
+         "device_rebuilds": 0}
 
 
 @dataclasses.dataclass
@@ -52,6 +53,10 @@ class Unit:
     #: how its object is made when not by running the compiler on it: ``(unit, target, out, depfile)``
     #: (a torch-including .cu: jit.torch_cu splits it, or compiles it as written)
     builder: Optional[Callable[["Unit", "Target", Path, Path], None]] = None
+    #: set by compile_as_written: the host shape of the text it compiled (``keys.host_shape_key``), and
+    #: whether only its device code was compiled (the host side reused from an object of that shape)
+    shape: Optional[str] = None
+    device_only: bool = False
 
     def command(self, out: Path, extra: Sequence[str] = ()) -> List[str]:
         compiler = toolchain.nvcc() if self.kind == "cu" else toolchain.cxx()
@@ -492,6 +497,7 @@ def _check_inputs(unit: Unit, target: Target, depfile: Path, before: Dict[Path, 
 
 
 def _compile_to(unit: Unit, target: Target, out: Path, depfile: Path) -> None:
+    unit.shape, unit.device_only = None, False
     if unit.builder is not None:
         unit.builder(unit, target, out, depfile)
     else:
@@ -500,8 +506,13 @@ def _compile_to(unit: Unit, target: Target, out: Path, depfile: Path) -> None:
 
 def compile_as_written(unit: Unit, target: Target, out: Path, depfile: Path) -> None:
     """Run the compiler on the unit's file; a PCH that gcc cannot read (a hard error, not a skip) is dropped
-    and the TU compiled again without it."""
+    and the TU compiled again without it. A .cu whose host side is cached (an object of its host shape) has
+    only its device code compiled."""
     what, deps = f"compiling {unit.display}", ["-MD", "-MF", str(depfile)]
+    unit.shape = _host_shape(unit)
+    if unit.shape is not None and _rebuilt_device_code(unit, target, out, depfile):
+        unit.device_only = True
+        return
     pch = _pch_flags(unit)
     try:
         output = _run(unit.command(out, pch + deps), what, target, "compiles")
@@ -515,6 +526,39 @@ def compile_as_written(unit: Unit, target: Target, out: Path, depfile: Path) -> 
     if pch and "invalid-pch" in output:  # still correct (gcc read the header), just not faster
         STATS["pch_rejected"] += 1
         log.warning("precompiled binding.h was not usable for %s:\n%s", unit.display, output[-800:])
+
+
+def _host_shape(unit: Unit) -> Optional[str]:
+    """The host shape of a .cu unit's text; None where device code is never rebuilt alone for it (also
+    KERNELKIT_DEVICE_REBUILD=0: every compile runs nvcc on the whole file)."""
+    if unit.kind != "cu" or not unit.digest or os.environ.get("KERNELKIT_DEVICE_REBUILD", "1").strip() == "0":
+        return None
+    # a generated source lives under its content's hash: what __FILE__ names before a #line is its file name
+    name = unit.path.name if cache.is_generated_source(unit.path) else str(unit.path)
+    try:
+        return keys.host_shape_key(unit.kind, unit.flags, toolchain.fingerprint(), toolchain.nvcc_fingerprint(),
+                                   name, unit.path.read_text(errors="surrogateescape"), unit.deps, unit.roots,
+                                   "builder" if unit.builder is not None else "compiler")
+    except OSError:  # gone meanwhile: the compile says so
+        return None
+
+
+def _rebuilt_device_code(unit: Unit, target: Target, out: Path, depfile: Path) -> bool:
+    """``out``: an object of the unit's host shape with the device code of its text (nvcc --fatbin, placed
+    into the ``.nv_fatbin`` section), when there is such an object and a binutils objcopy to do it."""
+    old, objcopy = cache.shaped_object(unit.shape), shutil.which("objcopy")
+    if old is None or objcopy is None:
+        return False
+    fatbin = out.with_name(out.stem + ".fatbin")
+    _run(toolchain.launcher() + [toolchain.nvcc(), *unit.flags, "--fatbin", str(unit.path), "-o", str(fatbin),
+                                 "-MD", "-MF", str(depfile)], f"compiling {unit.display}", target, "compiles")
+    try:
+        shutil.copyfile(old, out)
+        _run([objcopy, "--update-section", f".nv_fatbin={fatbin}", str(out)],
+             f"placing the device code of {unit.display}", target, "device_rebuilds")
+    except (OSError, BuildError):  # removed by a gc meanwhile, or an object without device code
+        return False
+    return True
 
 
 def join_objects(objects: Sequence[Path], out: Path, target: Target) -> None:
@@ -581,7 +625,11 @@ def _compile_once(unit: Unit, target: Target) -> Path:
                 raise
             if unit.digest:
                 _check_inputs(unit, target, depfile, before)
-            return cache.store_object(unit.key, out, {"display": unit.display, "kind": unit.kind})
+            shape = {"shape": unit.shape} if unit.shape else {}
+            obj = cache.store_object(unit.key, out, {"display": unit.display, "kind": unit.kind, **shape})
+            if unit.shape:
+                cache.remember_shape(unit.shape, unit.key)
+            return obj
 
 
 SLOW_TORCH_UNIT_SECONDS = 8.0

@@ -482,6 +482,56 @@ def store_object(key: str, built: Path, info: dict) -> Path:
     return final
 
 
+def remember_shape(shape: str, key: str) -> None:
+    """Record that ``key``'s object was compiled from a text of host shape ``shape`` (``keys.host_shape_key``):
+    a later text of that shape reuses its host side. Best effort: a cache that cannot be written keeps none."""
+    with contextlib.suppress(OSError, CacheUnwritable):
+        record = subdir("shapes") / shape
+        with writing(record):
+            tmp = Path(tempfile.mkstemp(prefix=".shape-", dir=record.parent)[1])
+            tmp.write_text(key)
+            publish_file(tmp, record)
+
+
+def shaped_object(shape: str) -> Optional[Path]:
+    """An intact object compiled from a text of host shape ``shape`` (its metadata says so), or None."""
+    try:
+        key = _read_regular(cache_dir() / "shapes" / shape).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    if not _plain_name(key) or key.startswith(".") or not os.path.lexists(object_path(key)):
+        return None
+    obj = cached_object(key)
+    meta = _read_json(object_path(key).with_suffix(".json")) or {}
+    return obj if obj is not None and meta.get("shape") == shape else None
+
+
+def tune_record(key: str) -> Optional[dict]:
+    """The autotuning record stored under ``key`` (``keys.tune_key``), or None."""
+    record = _read_json(cache_dir() / "tune" / f"{key}.json")
+    return record if isinstance(record, dict) and isinstance(record.get("best"), dict) else None
+
+
+def store_tune_record(key: str, record: dict) -> None:
+    """Store an autotuning winner; a cache that cannot be written keeps none (the next process tunes again)."""
+    with contextlib.suppress(OSError, CacheUnwritable):
+        final = subdir("tune") / f"{key}.json"
+        with writing(final):
+            tmp = Path(tempfile.mkstemp(prefix=".tune-", dir=final.parent)[1])
+            tmp.write_text(json.dumps(record))
+            publish_file(tmp, final)
+
+
+def _remove_dangling_shapes() -> None:
+    """Shape records whose object is gone (gc, clear) point nowhere: remove them."""
+    shapes = cache_dir() / "shapes"
+    for record in list(shapes.iterdir()) if shapes.is_dir() else []:
+        with contextlib.suppress(OSError):
+            key = _read_regular(record).decode("ascii", "replace").strip()
+            if not (_plain_name(key) and object_path(key).is_file()):
+                record.unlink()
+
+
 # ------------------------------------------------------------------------------------------- libraries
 def _entry_name(name: str, key: str) -> str:
     return f"{name}-{key[:16]}"
@@ -762,6 +812,7 @@ def gc(max_age_days: float = DEFAULT_MAX_AGE_DAYS, now: Optional[float] = None) 
     removed["sources"] = _remove_unused(subdir("src"), min(cutoff, now - STALE_TMP_SECONDS))
     removed["tmp"] = _remove_unused(subdir("tmp"), now - STALE_TMP_SECONDS)
     removed["locks"] = _remove_idle_locks(now - STALE_LOCK_SECONDS)
+    _remove_dangling_shapes()
     return removed
 
 
@@ -793,7 +844,9 @@ def clear() -> int:
     n += sum(_remove_pch_if(r, lambda: False) for r in _pch_roots())
     n += _remove_unused(subdir("src"), now - STALE_TMP_SECONDS)
     n += _remove_unused(subdir("tmp"), now - STALE_TMP_SECONDS)
+    n += _remove_unused(subdir("tune"), now + 1)  # autotuning winners: clear asks to start over
     _remove_idle_locks(now + 1)
+    _remove_dangling_shapes()
     return n
 
 

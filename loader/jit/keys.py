@@ -25,6 +25,17 @@ for g++ and a device TU for nvcc, joined into one object) is keyed by its unit k
 (``KERNELKIT_TORCH_CU``); its host and device TUs are units of their own, generated into ``src/``, so a
 kernel-body edit finds the host TU's object cached.
 
+**Host shape** (``host_shape_key`` -> ``shapes/<key>``, naming the unit key of an object): what the host side
+of a .cu's object is made of -- the unit key's parts with the bodies of device-only functions
+(``syntax.device_only_bodies``) blanked line for line in the TU and each local header. Two texts of one shape
+differ only inside such bodies, so an object of the one with the other's device code (``nvcc --fatbin``,
+swapped into the ``.nv_fatbin`` section) is the other's object; none where a flag makes device code
+relocatable (``-rdc``: a body may then call code the host side links).
+
+**Autotuning record** (``tune_key`` -> ``tune/<key>.json``): the op's name, the content it is built from as
+the caller names it, the device's name and compute capability, the dtype and the shape bucket; the record
+holds the winning configuration, used only while it is still in the space asked for.
+
 **Library target** (``target_key`` -> ``lib/<name>-<key16>/``): the name, the fingerprint, the link flags in
 order, each unit's key, and by content every file the link flags hand the linker outside the toolchain's
 dirs (``.a``/``.o``/``.so`` paths, ``-Wl,`` file values, ``-l`` found in the flags' own ``-L`` dirs). A link
@@ -60,9 +71,9 @@ import functools
 import os
 import sys
 from pathlib import Path
-from typing import Iterable, List, Sequence, Tuple
+from typing import Iterable, List, Optional, Sequence, Tuple
 
-from . import sources
+from . import sources, syntax
 from .sources import sha256_bytes
 
 SCHEMA = "kernelkit-keys-2"
@@ -129,6 +140,49 @@ def build_variant_key(unit_key_: str, variant: str) -> str:
     and a device TU: ``variant`` names the strategy asked for, so switching strategies never reuses the other's
     object)."""
     return _key("variant", unit_key_, variant)
+
+
+_RELOCATABLE = ("-rdc", "--relocatable-device-code", "-dc", "--device-c", "-ewp", "--extensible-whole-program",
+                "-dlink", "--device-link")
+
+
+def host_shape_key(kind: str, flags: Sequence[str], fingerprint: str, compiler_id: str, name: str, text: str,
+                   deps: Sequence[Path], roots: Sequence[Path], variant: str) -> Optional[str]:
+    """The host shape of a .cu unit (see above); ``name``: what ``__FILE__`` may name before any ``#line``.
+    None where device code cannot be rebuilt alone: relocatable device code, or a text the grammar cannot
+    read whole."""
+    if kind != "cu" or any(f.split("=")[0] in _RELOCATABLE for f in flags):
+        return None
+    shapes = []
+    for source in (text, *(d.read_text(errors="surrogateescape") for d in deps)):
+        shape = _blanked(source)
+        if shape is None:
+            return None
+        shapes.append(shape)
+    named = sorted((sources.portable_name(d, roots), s) for d, s in zip(deps, shapes[1:]))
+    return _key("host-shape", kind, fingerprint, compiler_id, _joined(flags), name, variant, shapes[0],
+                _joined(f"{n}\0{s}" for n, s in named))
+
+
+def _blanked(text: str) -> Optional[str]:
+    """``text`` with each device-only body replaced by its braces and newlines (lines keep their numbers:
+    host code's ``__LINE__`` is part of its shape)."""
+    spans = syntax.device_only_bodies(text)
+    if spans is None:
+        return None
+    raw = text.encode("utf-8", "surrogateescape")
+    out, last = [], 0
+    for start, end in spans:
+        out += [raw[last:start], b"{", b"\n" * raw.count(b"\n", start, end), b"}"]
+        last = end
+    out.append(raw[last:])
+    return b"".join(out).decode("utf-8", "surrogateescape")
+
+
+def tune_key(name: str, source: str, device: str, dtype: str, bucket: str) -> str:
+    """An autotuning record: the op's name, what it is built from, the device (name and arch), the dtype and
+    the shape bucket (``harness.tune``)."""
+    return _key("tune", name, source, device, dtype, bucket)
 
 
 def target_key(name: str, fingerprint: str, ldflags: Sequence[str], unit_keys: Sequence[str],

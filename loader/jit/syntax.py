@@ -187,3 +187,78 @@ def _literals(expr) -> Optional[List[Tuple[str, bool]]]:
         left, right = _literals(expr.child_by_field_name("left")), _literals(expr.child_by_field_name("right"))
         return left + right if left is not None and right is not None else None
     return None
+
+
+#: directives a function body may hold without reaching past it (``#pragma unroll``); ``#define``, ``#undef``,
+#: ``#include``, ``#line`` and conditionals in a body may change what follows it or what the host compiles
+_BODY_SAFE_DIRECTIVES = {"#pragma"}
+
+
+@functools.lru_cache(maxsize=64)
+def device_only_bodies(text: str) -> Optional[Tuple[Tuple[int, int], ...]]:
+    """Byte spans of the bodies of the functions ``text`` compiles for the device only (``__global__``, or
+    ``__device__`` without ``__host__``): nvcc's host side sees only their declarations, so an edit inside
+    them changes the device code alone. A body is left out where that is not plain: a deduced return type,
+    a directive, or a macro that opens or closes a brace. None when the grammar could not parse all of the
+    text (its recovery may take host code for a body), or the text declares a device variable template (a
+    body's use of it adds a registration on the host side)."""
+    root = parse(text).root_node
+    if root.has_error:
+        return None
+    brace_macros = _brace_macros(root)
+    spans = []
+    for node in walk(root):
+        if node.type == "template_declaration" and any(
+                c.type == "declaration" and _qualifiers(c) & {"__device__", "__constant__", "__managed__"}
+                for c in node.named_children):
+            return None
+        if node.type != "function_definition" or "__host__" in _qualifiers(node):
+            continue
+        body = node.child_by_field_name("body")
+        if body is None or not _qualifiers(node) & {"__global__", "__device__"} or _deduced(node):
+            continue
+        if _plain_body(body, brace_macros):
+            spans.append((body.start_byte, body.end_byte))
+    return tuple(spans)
+
+
+def _qualifiers(node) -> set:
+    return {c.type for c in node.children if c.type.startswith("__")}
+
+
+def _deduced(fn) -> bool:
+    """``auto f() {...}``: the body decides the type that host code may ask for (a trailing ``-> T`` does not)."""
+    kind = fn.child_by_field_name("type")
+    declarator = fn.child_by_field_name("declarator")
+    trailing = declarator is not None and any(c.type == "trailing_return_type" for c in walk(declarator))
+    return kind is not None and kind.type == "placeholder_type_specifier" and not trailing
+
+
+def _plain_body(body, brace_macros: FrozenSet[str]) -> bool:
+    stack = [body]
+    while stack:
+        n = stack.pop()
+        if n.type == "ERROR" or n.is_missing:
+            return False
+        if n.type.startswith("preproc_"):
+            directive = n.child_by_field_name("directive")
+            if n.type != "preproc_call" or directive is None or directive.text.decode(errors="replace") \
+                    not in _BODY_SAFE_DIRECTIVES:
+                return False
+            continue
+        if n.type == "identifier" and n.text.decode(errors="replace") in brace_macros:
+            return False
+        stack.extend(n.children)
+    return True
+
+
+def _brace_macros(root) -> FrozenSet[str]:
+    """Macros of the text whose replacement has unbalanced braces: a use may end a function body."""
+    found = set()
+    for n in walk(root):
+        if n.type in ("preproc_def", "preproc_function_def"):
+            value = n.child_by_field_name("value")
+            body = value.text.decode(errors="replace") if value is not None else ""
+            if body.count("{") != body.count("}"):
+                found.add(n.child_by_field_name("name").text.decode(errors="replace"))
+    return frozenset(found)

@@ -7,6 +7,11 @@ leaves unchanged) and a torch-free device TU for nvcc (about a second), joined i
 Anything the split refuses, or a step that fails for a reason that is not plainly the user's code, builds
 the file as written: slower, never different.
 
+An edit inside the bodies of device-only functions keeps a TU's host shape (``keys.host_shape_key``): then
+only its device code is compiled (``nvcc --fatbin``) and placed into the object of the earlier text, for the
+device TU of a split and for a file built as written alike (``build.compile_as_written``;
+``KERNELKIT_DEVICE_REBUILD=0`` turns it off).
+
 ``KERNELKIT_TORCH_CU``: ``auto`` (default) splits where it can; ``split`` insists (a file that cannot be split
 is an error saying why); ``full`` builds every such file as written.
 """
@@ -61,6 +66,9 @@ def compile_unit(unit: _build.Unit, target: _build.Target, out: Path, depfile: P
     t0 = time.perf_counter()
     _build.compile_as_written(unit, target, out, depfile)
     seconds = time.perf_counter() - t0
+    if unit.device_only:
+        say(f"{unit.display}: device code only ({reason}; the host side of an earlier build reused) {seconds:.1f} s")
+        return
     say(f"{unit.display}: full nvcc build ({reason}) {seconds:.1f} s")
     if seconds >= _build.SLOW_TORCH_UNIT_SECONDS:
         _build.torch_cost_advice(unit, seconds, f" (kernelkit could not split it: {reason})")
@@ -172,7 +180,8 @@ def _compiled(part: _build.Unit, target: _build.Target, unit: _build.Unit,
                              "builds it as written)", e.diagnostics, e.log, e.command) from None
         first = next((d for d in e.diagnostics if d.severity in ("error", "fatal error")), None)
         return None, f"the {what} part did not compile ({first.message if first else 'no diagnostic'})", ""
-    return obj, "", "cached" if cached else f"{time.perf_counter() - t0:.1f} s"
+    how = " (device code only)" if part.device_only else ""
+    return obj, "", "cached" if cached else f"{time.perf_counter() - t0:.1f} s{how}"
 
 
 def _users_error(diagnostics: List[Diagnostic], target: _build.Target, unit: _build.Unit) -> bool:
