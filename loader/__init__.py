@@ -39,6 +39,7 @@ _EXPORTS = {
     "bench": ("harness.bench", "bench"),
     "BenchResult": ("harness.bench", "BenchResult"),
     "profile": ("inspect.profiling", "profile"),
+    "autotune": ("harness.tune", "autotune"),
     # errors
     "KernelkitError": ("errors", "KernelkitError"),
     "BuildError": ("errors", "BuildError"),

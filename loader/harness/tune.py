@@ -1,0 +1,229 @@
+"""kernelkit.autotune: the fastest *correct* configuration of a kernel, chosen once per device and shape bucket.
+
+A configuration is one value per named parameter of a space (block size, tile, items per thread, ...).
+``make(config)`` turns it into a callable op: an NVRTC compile with the values as defines or template
+arguments and a launch, a card's device TU built with ``-D`` flags, or plain Python. Every configuration is
+built (in threads: NVRTC and nvcc release the GIL), checked against the reference with :func:`check` (odd
+sizes included), and only the ones that pass are timed, side by side in rounds (``time_together``): a
+configuration that is fast because it is wrong is listed with its failure and never chosen. A short first
+run prunes the ones whose fastest round is slower than the best median by more than ``prune_margin``; the
+rest are timed with the full budget, and the winner's margin over each is a paired ratio with its interval.
+
+The winner is stored in the cache under a key of the op's name, its source's content, the device (name and
+compute capability), the dtype and the shape bucket (default: the power of two at or above the leading size),
+so the next process on that device takes it with no building, checking or timing.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import itertools
+import math
+import os
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+from ..jit import cache, keys
+from .bandwidth import device_name
+from .check import check
+from .timing import Outcome, Ratio, Timing, paired_ratio, time_together
+
+Config = Dict[str, Any]
+#: a timer: ``timer(fns, budget_ms)`` -> name -> Timing or the exception a call raised
+Timer = Callable[[Dict[str, Callable[[], Any]], float], Dict[str, Outcome]]
+
+
+@dataclasses.dataclass
+class Candidate:
+    config: Config
+    status: str  # "best", "ok", "pruned", "wrong", "failed"
+    reason: str = ""  # why it is wrong, failed or pruned
+    timing: Optional[Timing] = None
+    vs_best: Optional[Ratio] = None  # its time / the best's, round by round
+
+    @property
+    def label(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.config.items())
+
+
+@dataclasses.dataclass
+class TuneResult:
+    name: str
+    device: str
+    dtype: str
+    bucket: Any
+    best: Config
+    candidates: List[Candidate]
+    from_cache: bool = False
+    elapsed_s: float = 0.0
+
+    def table(self) -> str:
+        """One row per configuration: status, median time with its p20-p80 spread, how much slower than the best."""
+        rows = [f"autotune {self.name} on {self.device}, {self.dtype}, bucket {self.bucket}: best "
+                f"{_label(self.best)}" + (" (stored earlier: nothing built or timed)" if self.from_cache else
+                                           f" ({self.elapsed_s:.1f} s)")]
+        for c in self.candidates:
+            t = f"{c.timing.median_us:9.2f} us [{c.timing.p20_us:.2f}, {c.timing.p80_us:.2f}]" if c.timing else " " * 30
+            vs = f"  {c.vs_best.median:.3f}x [{c.vs_best.lo:.3f}, {c.vs_best.hi:.3f}]" if c.vs_best else ""
+            rows.append(f"  {c.status:7s} {c.label:40s} {t}{vs}" + (f"  {c.reason}" if c.reason else ""))
+        return "\n".join(rows)
+
+
+def _label(config: Config) -> str:
+    return ", ".join(f"{k}={v}" for k, v in config.items())
+
+
+def configurations(space: Mapping[str, Sequence[Any]], constraint: Optional[Callable[[Config], bool]] = None
+                   ) -> List[Config]:
+    """Every combination of the space's values (in the order given) that ``constraint`` accepts."""
+    if not isinstance(space, Mapping) or not space:
+        raise ValueError(f"autotune: space: expected a non-empty dict of parameter -> values, got {space!r}")
+    for name, values in space.items():
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+            raise ValueError(f"autotune: space[{name!r}]: expected a non-empty list of values, got {values!r}")
+    names = list(space)
+    configs = [dict(zip(names, combo)) for combo in itertools.product(*(space[n] for n in names))]
+    kept = [c for c in configs if constraint is None or constraint(c)]
+    if not kept:
+        raise ValueError(f"autotune: the constraint rejects all {len(configs)} configurations of the space")
+    return kept
+
+
+def shape_bucket(shape: Sequence[int]) -> int:
+    """The default bucket: the power of two at or above the leading size (1 for a scalar or empty shape)."""
+    lead = int(shape[0]) if len(shape) else 1
+    return 1 << max(0, math.ceil(math.log2(lead))) if lead > 1 else 1
+
+
+def autotune(make: Callable[[Config], Callable[..., Any]], space: Mapping[str, Sequence[Any]], *,
+             reference: Callable[..., Any], inputs: Callable[..., tuple], shape: Sequence[int], name: str,
+             source: str = "", constraint: Optional[Callable[[Config], bool]] = None,
+             check_shapes: Optional[Sequence[Sequence[int]]] = None, dtype: torch.dtype = torch.float32,
+             device=None, bucket: Optional[Callable[[Sequence[int]], Any]] = None, trials: int = 2,
+             rtol: Optional[float] = None, atol: Optional[float] = None, budget_ms: Optional[float] = None,
+             prune_margin: float = 0.5, workers: Optional[int] = None, retune: bool = False, store: bool = True,
+             timer: Optional[Timer] = None) -> TuneResult:
+    """The fastest configuration of ``space`` whose op (``make(config)``) gives the reference's results.
+
+    ``inputs(shape, dtype=, device=, generator=)`` makes an argument tuple (as for :func:`check`); the op is
+    checked on ``check_shapes`` (default: ``shape`` and two odd sizes below it) and timed on ``shape``.
+    ``source``: what the op is built from (its text, a card's content key): a stored winner is used only for
+    the same ``name``, ``source``, device, dtype and bucket, and only while it is still in the space;
+    ``retune=True`` tunes again. A space in which no configuration passes is a ValueError listing why each
+    failed. ``timer`` replaces the harness's (tests).
+    """
+    t0 = time.perf_counter()
+    device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
+    configs = configurations(space, constraint)
+    bucket_of = (bucket or shape_bucket)(tuple(shape))
+    key = keys.tune_key(name, source, _device_identity(device), str(dtype), repr(bucket_of))
+    label = device_name(device)
+    stored = None if retune else cache.tune_record(key)
+    if stored is not None and stored.get("best") in configs:
+        return TuneResult(name, label, str(dtype), bucket_of, stored["best"],
+                          [Candidate(stored["best"], "best", "stored earlier")], from_cache=True)
+    candidates = _checked(make, configs, reference, inputs, check_shapes or _odd_shapes(shape), dtype, device,
+                          trials, rtol, atol, workers)
+    fns = {i: op for i, (c, op) in enumerate(candidates) if op is not None}
+    if not fns:
+        raise ValueError(f"autotune {name}: no configuration passed its check:\n" +
+                         "\n".join(f"  {c.label}: {c.status}: {c.reason}" for c, _ in candidates))
+    args = tuple(inputs(tuple(shape), dtype=dtype, device=device, generator=torch.Generator(device=device).manual_seed(0)))
+    budget = budget_ms or (200.0 if device.type == "cuda" else 100.0)
+    timer = timer or (lambda f, ms: time_together(f, device, budget_ms=ms, warmup_ms=min(25.0, ms / 4)))
+    _time(candidates, fns, args, timer, budget, prune_margin)
+    best = min((c for c, _ in candidates if c.status == "ok"), key=lambda c: c.timing.median_us)
+    best.status = "best"
+    for c, _ in candidates:
+        if c.timing is not None and c.timing.samples_us and best.timing.samples_us and c.status == "ok":
+            c.vs_best = paired_ratio(best.timing.samples_us, c.timing.samples_us)
+    if store:
+        cache.store_tune_record(key, {"name": name, "device": label, "dtype": str(dtype), "bucket": repr(bucket_of),
+                                      "best": best.config, "median_us": best.timing.median_us, "created": time.time()})
+    return TuneResult(name, label, str(dtype), bucket_of, best.config, [c for c, _ in candidates],
+                      elapsed_s=time.perf_counter() - t0)
+
+
+def _device_identity(device: torch.device) -> str:
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        return f"cuda|{p.name}|sm_{p.major}{p.minor}"
+    return f"cpu|{device_name(device)}"
+
+
+def _odd_shapes(shape: Sequence[int]) -> List[Tuple[int, ...]]:
+    """The timed shape and two odd leading sizes below it: a tail that a configuration skips shows there."""
+    shape = tuple(int(s) for s in shape)
+    if not shape:
+        return [shape]
+    odd = {max(1, shape[0] - 1) | 1, max(1, shape[0] // 3) | 1}
+    return [shape, *sorted((o, *shape[1:]) for o in odd if o != shape[0])]
+
+
+def _checked(make, configs, reference, inputs, shapes, dtype, device, trials, rtol, atol, workers
+             ) -> List[Tuple[Candidate, Optional[Callable[..., Any]]]]:
+    """(candidate, op or None): every configuration built in threads, then checked in turn (one device)."""
+    def build(config):
+        try:
+            return make(dict(config)), None
+        except Exception as e:  # noqa: BLE001 - a configuration that does not build is reported, not raised
+            return None, f"build: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+
+    with concurrent.futures.ThreadPoolExecutor(workers or min(len(configs), os.cpu_count() or 1)) as pool:
+        built = list(pool.map(build, configs))
+    out = []
+    for config, (op, error) in zip(configs, built):
+        candidate = Candidate(dict(config), "failed" if error else "ok", error or "")
+        if op is not None:
+            try:
+                result = check(op, reference, inputs=inputs, shapes=[tuple(s) for s in shapes], dtypes=[dtype],
+                               device=device, trials=trials, rtol=rtol, atol=atol, contract=False, gradcheck=False)
+                if not result.ok:
+                    bad = result.failures[0] if result.failures else None
+                    candidate.status, op = "wrong", None
+                    candidate.reason = (f"{bad.title()}: {bad.messages[0]}" if bad and bad.messages else result.status)
+            except Exception as e:  # noqa: BLE001 - a launch error, too many resources, ...
+                candidate.status, candidate.reason, op = "failed", f"{type(e).__name__}: {e}".splitlines()[0], None
+        out.append((candidate, op))
+    return out
+
+
+def _time(candidates, fns: Dict[int, Callable[..., Any]], args: tuple, timer: Timer, budget: float,
+          prune_margin: float) -> None:
+    """A short run of every checked configuration prunes those that cannot win; the rest share the budget."""
+    calls = {str(i): (lambda op=op: op(*args)) for i, op in fns.items()}
+    if len(calls) > 2:
+        first = timer(calls, budget / 5)
+        _note_failures(candidates, first)
+        medians = {n: t.median_us for n, t in first.items() if isinstance(t, Timing)}
+        if medians:
+            bar = min(medians.values()) * (1 + prune_margin)
+            for n, t in first.items():
+                if isinstance(t, Timing) and t.min_us > bar:
+                    candidates[int(n)][0].status = "pruned"
+                    candidates[int(n)][0].reason = f"its fastest round {t.min_us:.2f} us > best median x {1 + prune_margin:g}"
+                    candidates[int(n)][0].timing = t
+        calls = {n: f for n, f in calls.items() if candidates[int(n)][0].status == "ok"}
+    final = timer(calls, budget)
+    _note_failures(candidates, final)
+    for n, t in final.items():
+        if isinstance(t, Timing):
+            candidates[int(n)][0].timing = t
+
+
+def _note_failures(candidates, outcomes: Dict[str, Outcome]) -> None:
+    for n, t in outcomes.items():
+        if not isinstance(t, Timing):
+            candidates[int(n)][0].status, candidates[int(n)][0].reason = "failed", f"timing: {type(t).__name__}: {t}"
+
+
+def stored(name: str, source: str, shape: Sequence[int], dtype: torch.dtype = torch.float32, device=None,
+           bucket: Optional[Callable[[Sequence[int]], Any]] = None) -> Optional[Config]:
+    """The winner stored for this op, device, dtype and the bucket of ``shape`` (None: never tuned there)."""
+    device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
+    bucket_of = (bucket or shape_bucket)(tuple(shape))
+    record = cache.tune_record(keys.tune_key(name, source, _device_identity(device), str(dtype), repr(bucket_of)))
+    return record.get("best") if record else None
+

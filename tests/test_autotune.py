@@ -1,0 +1,192 @@
+"""kernelkit.autotune on the CPU: the space and its constraint, wrong configurations rejected before any timing,
+pruning, failures reported, the winner stored per device, dtype and shape bucket and taken without tuning.
+A fake timer stands in where a test needs exact times; one test times real CPU ops."""
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import kernelkit
+from kernelkit.harness import tune
+from kernelkit.harness.timing import Timing
+
+
+def make_inputs(shape, dtype=None, device=None, generator=None):
+    return (torch.randn(shape, dtype=dtype, device=device, generator=generator),)
+
+
+def reference(x):
+    return x * 2
+
+
+class Kernels:
+    """A family of "kernels" by configuration: ``block`` decides the (fake) speed; ``tail=False`` skips the
+    last odd element, as a kernel without a bounds check would: wrong, but fastest."""
+
+    def __init__(self):
+        self.built = []
+        self.called = []
+
+    def make(self, config):
+        self.built.append(config)
+        if config["block"] == 0:
+            raise RuntimeError("too many resources requested for launch\nsecond line")
+
+        def op(x):
+            self.called.append(config)
+            y = x * 2
+            if not config.get("tail", True) and x.shape[0] % 2:
+                y[-1] = 0
+            return y
+        return op
+
+    def timer(self, cost):
+        """A timer giving each configuration ``cost(config)`` microseconds, with a little spread."""
+        def timed(fns, budget_ms):
+            out = {}
+            for name, fn in fns.items():
+                self.called.clear()
+                fn()
+                us = cost(self.called[-1])
+                out[name] = Timing.from_samples([us * (1 + 0.01 * (i % 3)) for i in range(9)], "fake")
+            return out
+        return timed
+
+
+def _tune(kernels, space, cost, **kw):
+    kw.setdefault("name", "scale2")
+    return tune.autotune(kernels.make, space, reference=reference, inputs=make_inputs, shape=(1000,),
+                         device="cpu", timer=kernels.timer(cost), **kw)
+
+
+def test_configurations_and_constraint():
+    space = {"block": [64, 128, 256], "vec": [1, 4]}
+    assert len(tune.configurations(space)) == 6
+    kept = tune.configurations(space, lambda c: c["block"] * c["vec"] <= 256)
+    assert {(c["block"], c["vec"]) for c in kept} == {(64, 1), (128, 1), (256, 1), (64, 4)}
+    with pytest.raises(ValueError, match="rejects all 6"):
+        tune.configurations(space, lambda c: False)
+    for bad in ({}, {"block": []}, {"block": "128"}, [("block", [1])]):
+        with pytest.raises(ValueError, match="space"):
+            tune.configurations(bad)
+
+
+@pytest.mark.parametrize("shape, bucket", [((1,), 1), ((1000,), 1024), ((1024, 3), 1024), ((1025,), 2048), ((), 1)])
+def test_shape_bucket(shape, bucket):
+    assert tune.shape_bucket(shape) == bucket
+
+
+def test_a_wrong_configuration_is_never_chosen_however_fast():
+    k = Kernels()
+    space = {"block": [128, 256], "tail": [True, False]}
+    result = _tune(k, space, lambda c: 1.0 if not c["tail"] else c["block"] / 100, store=False)
+    assert result.best == {"block": 128, "tail": True}
+    wrong = [c for c in result.candidates if c.status == "wrong"]
+    assert len(wrong) == 2 and all(not c.config["tail"] and c.timing is None for c in wrong)
+    assert "values" in wrong[0].reason  # the failing case, named
+
+
+def test_pruning_failures_and_the_table():
+    k = Kernels()
+    space = {"block": [0, 64, 128, 256, 512]}
+    result = _tune(k, space, lambda c: {64: 10.0, 128: 4.0, 256: 4.4, 512: 50.0}[c["block"]], store=False)
+    status = {c.config["block"]: c.status for c in result.candidates}
+    assert status == {0: "failed", 64: "pruned", 128: "best", 256: "ok", 512: "pruned"}
+    failed = next(c for c in result.candidates if c.status == "failed")
+    assert failed.reason == "build: RuntimeError: too many resources requested for launch"
+    ok = next(c for c in result.candidates if c.status == "ok")
+    assert ok.vs_best.median == pytest.approx(1.1, rel=0.02) and ok.vs_best.lo > 1  # the best is faster, surely
+    table = result.table()
+    assert "best block=128" in table and "pruned" in table and "too many resources" in table
+
+
+def test_no_passing_configuration_is_an_error_listing_why():
+    k = Kernels()
+    with pytest.raises(ValueError, match="no configuration passed") as e:
+        _tune(k, {"block": [0, 64], "tail": [False]}, lambda c: 1.0, store=False)
+    assert "block=0, tail=False: failed: build: RuntimeError" in str(e.value)
+    assert "block=64, tail=False: wrong" in str(e.value)
+
+
+def test_the_winner_is_stored_per_bucket_and_taken_without_tuning():
+    space = {"block": [128, 256]}
+    first = Kernels()
+    tuned = _tune(first, space, lambda c: c["block"] / 100, name="kk_stored", source="v1")
+    assert not tuned.from_cache and tuned.best == {"block": 128}
+    again = Kernels()
+    taken = _tune(again, space, lambda c: 1.0, name="kk_stored", source="v1")
+    assert taken.from_cache and taken.best == {"block": 128} and again.built == []  # nothing built or timed
+    assert tune.stored("kk_stored", "v1", (700,), device="cpu") == {"block": 128}  # same bucket: 1024
+    assert tune.stored("kk_stored", "v1", (5000,), device="cpu") is None
+    assert tune.stored("kk_stored", "v2", (1000,), device="cpu") is None  # another source
+    assert tune.stored("kk_stored", "v1", (1000,), dtype=torch.float64, device="cpu") is None
+    for kw in ({"retune": True}, {"space": {"block": [64, 512]}}):  # asked again, or the winner left the space
+        k = Kernels()
+        result = _tune(k, kw.pop("space", space), lambda c: 1000.0 / c["block"], name="kk_stored", source="v1", **kw)
+        assert not result.from_cache and k.built
+
+
+def test_real_cpu_timing_picks_the_faster_configuration():
+    def make(config):
+        def op(x):
+            time.sleep(config["delay_ms"] / 1000)
+            return x * 2
+        return op
+
+    result = kernelkit.autotune(make, {"delay_ms": [3.0, 0.0]}, reference=reference, inputs=make_inputs, shape=(64,),
+                                name="kk_sleep", device="cpu", budget_ms=60, store=False)
+    assert result.best == {"delay_ms": 0.0}
+    slow = next(c for c in result.candidates if c.config["delay_ms"] == 3.0)
+    assert slow.vs_best.lo > 10
+
+
+ROWSUM = r'''
+extern "C" __global__ void rowsum(const float* x, float* y, int rows, int cols) {
+  // one block per row; ITEMS consecutive elements per thread step (TAIL 0: the row's tail is skipped)
+  __shared__ float part[BLOCK];
+  const float* r = x + (long long)blockIdx.x * cols;
+  float acc = 0.f;
+  for (int c = threadIdx.x * ITEMS; c < cols; c += BLOCK * ITEMS)
+    for (int k = 0; k < ITEMS; ++k)
+      if (TAIL ? c + k < cols : c + ITEMS <= cols) acc += r[c + k];
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int s = BLOCK / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) y[blockIdx.x] = part[0];
+}
+'''
+
+
+@pytest.mark.gpu
+def test_gpu_tuning_an_instant_kernel_and_a_second_process_takes_the_winner(tmp_path):
+    """A real NVRTC space (block size, items per thread, with and without the tail): every configuration without
+    the tail is rejected on odd sizes, the winner is stored, and another process finds it without tuning."""
+    def make(config):
+        mod = kernelkit.load_kernels(ROWSUM, name=f"kk_rowsum_{config['BLOCK']}_{config['ITEMS']}_{config['TAIL']}",
+                                     options=[f"-D{k}={v}" for k, v in config.items()])
+
+        def op(x):
+            y = torch.empty(x.shape[0], device=x.device)
+            mod.rowsum[x.shape[0], config["BLOCK"]](x, y, x.shape[0], x.shape[1])
+            return y
+        return op
+
+    def inputs(shape, dtype=None, device=None, generator=None):
+        return (torch.randn(shape, dtype=dtype, device=device, generator=generator),)
+
+    space = {"BLOCK": [64, 128, 256], "ITEMS": [1, 4], "TAIL": [1, 0]}
+    result = kernelkit.autotune(make, space, reference=lambda x: x.sum(dim=1), inputs=inputs, shape=(2048, 4099),
+                                check_shapes=[(64, 4099), (33, 1001)], name="kk_rowsum", source=ROWSUM,
+                                device="cuda", rtol=1e-4, atol=1e-3)
+    statuses = {tuple(c.config.values()): c.status for c in result.candidates}
+    assert all(s == "wrong" for (b, items, tail), s in statuses.items() if tail == 0 and items == 4), statuses
+    assert result.best["TAIL"] == 1 or result.best["ITEMS"] == 1
+    code = (f"import torch; from kernelkit.harness import tune; "
+            f"print(tune.stored('kk_rowsum', {ROWSUM!r}, (2048, 4099), device='cuda'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == str(result.best)
