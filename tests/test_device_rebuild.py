@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import kernelkit
+from kernelkit.errors import SourcesChanged
 from kernelkit.jit import build, cache, keys, split, syntax
 
 CORPUS = Path(__file__).parent / "fixtures" / "torch_cu"
@@ -30,7 +31,7 @@ void launch_scale(const float* x, float* y, int64_t n, cudaStream_t s) {
 
 
 def _shape(text, flags=("-O3",), deps=(), roots=()):
-    return keys.host_shape_key("cu", list(flags), "fp", "nvcc", "k.cu", text, list(deps), list(roots), "compiler")
+    return keys.host_shape_key("cu", list(flags), "fp", "nvcc", text, list(deps), list(roots), "compiler")
 
 
 # ------------------------------------------------------------------------------------ which edits keep it
@@ -199,18 +200,44 @@ def test_device_rebuilds_can_be_turned_off(tmp_path, capsys, monkeypatch):
 
 @pytest.mark.cuda_build
 def test_a_record_naming_an_object_of_another_shape_is_not_used(tmp_path, capsys):
+    base = KERNEL.replace("2.0f * x", "11.0f * x")  # a text no other test built: its record is the newest
     src = tmp_path / "k.cu"
-    src.write_text(KERNEL)
+    src.write_text(base)
     _load(src, capsys)
     records = sorted((cache.cache_dir() / "shapes").iterdir(), key=lambda p: p.stat().st_mtime)
     record = records[-1]
     other = tmp_path / "other.cu"
-    other.write_text("__global__ void other(float* y) { y[0] = 1; }\n")
+    other.write_text("__global__ void other_shape(float* y) { y[0] = 1; }\n")
     _load(other, capsys)
     other_key = sorted((cache.cache_dir() / "shapes").iterdir(), key=lambda p: p.stat().st_mtime)[-1].read_text()
     meta = json.loads(cache.object_path(other_key).with_suffix(".json").read_text())
     assert meta["shape"] != record.name
     record.write_text(other_key)  # points at an intact object of another shape
-    src.write_text(KERNEL.replace("2.0f * x", "5.0f * x"))
+    src.write_text(KERNEL.replace("2.0f * x", "12.0f * x"))
     _, counts = _load(src, capsys)
     assert counts == {"compiles": 1, "device_rebuilds": 0}
+
+
+@pytest.mark.cuda_build
+def test_an_edit_during_a_device_only_rebuild_is_not_cached(tmp_path, capsys, monkeypatch):
+    """The file changes while nvcc --fatbin runs: nothing is cached under either text's key, and the next load
+    builds what is on disk."""
+    base = KERNEL.replace("2.0f * x", "9.0f * x")  # a text no other test built: compiled here, its shape recorded
+    src = tmp_path / "k.cu"
+    src.write_text(base)
+    _load(src, capsys)
+    real = build._run
+
+    def edit_while_compiling(cmd, what, target, counter):
+        out = real(cmd, what, target, counter)
+        if "--fatbin" in cmd:
+            src.write_text(KERNEL.replace("2.0f * x", "8.0f * x"))
+        return out
+
+    monkeypatch.setattr(build, "_run", edit_while_compiling)
+    src.write_text(KERNEL.replace("2.0f * x", "7.0f * x"))
+    with pytest.raises(SourcesChanged, match="changed while it was being compiled"):
+        _load(src, capsys)
+    monkeypatch.undo()
+    info, counts = _load(src, capsys)
+    assert counts == {"compiles": 1, "device_rebuilds": 1} and info.path.is_file()

@@ -533,11 +533,9 @@ def _host_shape(unit: Unit) -> Optional[str]:
     KERNELKIT_DEVICE_REBUILD=0: every compile runs nvcc on the whole file)."""
     if unit.kind != "cu" or not unit.digest or os.environ.get("KERNELKIT_DEVICE_REBUILD", "1").strip() == "0":
         return None
-    # a generated source lives under its content's hash: what __FILE__ names before a #line is its file name
-    name = unit.path.name if cache.is_generated_source(unit.path) else str(unit.path)
     try:
         return keys.host_shape_key(unit.kind, unit.flags, toolchain.fingerprint(), toolchain.nvcc_fingerprint(),
-                                   name, unit.path.read_text(errors="surrogateescape"), unit.deps, unit.roots,
+                                   unit.path.read_text(errors="surrogateescape"), unit.deps, unit.roots,
                                    "builder" if unit.builder is not None else "compiler")
     except OSError:  # gone meanwhile: the compile says so
         return None

@@ -146,11 +146,11 @@ _RELOCATABLE = ("-rdc", "--relocatable-device-code", "-dc", "--device-c", "-ewp"
                 "-dlink", "--device-link")
 
 
-def host_shape_key(kind: str, flags: Sequence[str], fingerprint: str, compiler_id: str, name: str, text: str,
+def host_shape_key(kind: str, flags: Sequence[str], fingerprint: str, compiler_id: str, text: str,
                    deps: Sequence[Path], roots: Sequence[Path], variant: str) -> Optional[str]:
-    """The host shape of a .cu unit (see above); ``name``: what ``__FILE__`` may name before any ``#line``.
-    None where device code cannot be rebuilt alone: relocatable device code, or a text the grammar cannot
-    read whole."""
+    """The host shape of a .cu unit (see above): like its unit key it names no file, but its flags count as
+    given (include dirs spelled out). None where device code cannot be rebuilt alone: relocatable device
+    code, or a text the grammar cannot read whole."""
     if kind != "cu" or any(f.split("=")[0] in _RELOCATABLE for f in flags):
         return None
     shapes = []
@@ -160,7 +160,7 @@ def host_shape_key(kind: str, flags: Sequence[str], fingerprint: str, compiler_i
             return None
         shapes.append(shape)
     named = sorted((sources.portable_name(d, roots), s) for d, s in zip(deps, shapes[1:]))
-    return _key("host-shape", kind, fingerprint, compiler_id, _joined(flags), name, variant, shapes[0],
+    return _key("host-shape", kind, fingerprint, compiler_id, _joined(flags), variant, shapes[0],
                 _joined(f"{n}\0{s}" for n, s in named))
 
 
