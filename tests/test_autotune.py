@@ -122,6 +122,9 @@ def test_the_winner_is_stored_per_bucket_and_taken_without_tuning():
     assert tune.stored("kk_stored", "v1", (5000,), device="cpu") is None
     assert tune.stored("kk_stored", "v2", (1000,), device="cpu") is None  # another source
     assert tune.stored("kk_stored", "v1", (1000,), dtype=torch.float64, device="cpu") is None
+    listed = subprocess.run([sys.executable, "-m", "kernelkit", "cache", "tuned"], capture_output=True, text=True,
+                            check=True).stdout
+    assert "kk_stored" in listed and "block=128" in listed and "bucket 1024" in listed
     for kw in ({"retune": True}, {"space": {"block": [64, 512]}}):  # asked again, or the winner left the space
         k = Kernels()
         result = _tune(k, kw.pop("space", space), lambda c: 1000.0 / c["block"], name="kk_stored", source="v1", **kw)

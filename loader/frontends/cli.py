@@ -76,6 +76,16 @@ def cmd_cache(args) -> int:
                 secs = f"{r['build_seconds']:.1f} s" if r["build_seconds"] is not None else "-"
                 origin = "built here" if r.get("received_from_rank") is None else f"received from rank {r['received_from_rank']}"
                 print(f"{r['name']:<24} {r['key']:<16} {_size(r['size']):>9} {secs:>9}  {_when(r['last_used']):<16}  {origin}")
+    elif args.action == "tuned":
+        records = cache.tune_records()
+        if args.json:
+            print(json.dumps(records, indent=1))
+        for r in [] if args.json else records:
+            best = ", ".join(f"{k}={v}" for k, v in r["best"].items())
+            print(f"{r.get('name', '?'):<20} {r.get('dtype', ''):<15} bucket {r.get('bucket', ''):<8} {best:<32} "
+                  f"{r.get('median_us', float('nan')):9.2f} us  {r.get('device', '')}")
+        if not args.json and not records:
+            print("no tuning records (kernelkit.autotune stores one per op, device, dtype and shape bucket)")
     elif args.action == "clear":
         print(f"removed {cache.clear()} entries from {cache.cache_dir()}")
     elif args.action == "gc":
@@ -218,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls.set_defaults(func=cmd_list)
 
     c = sub.add_parser("cache", help="inspect or clean the build cache")
-    c.add_argument("action", choices=["list", "info", "clear", "gc", "verify"])
+    c.add_argument("action", choices=["list", "info", "tuned", "clear", "gc", "verify"])
     c.add_argument("--fix", action="store_true", help="verify: remove the corrupt entries it finds")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.add_argument("--max-age-days", type=_days, default=30.0, help="gc: remove entries unused this long")

@@ -512,6 +512,13 @@ def tune_record(key: str) -> Optional[dict]:
     return record if isinstance(record, dict) and isinstance(record.get("best"), dict) else None
 
 
+def tune_records() -> List[dict]:
+    """Every stored autotuning winner, newest first."""
+    d = cache_dir() / "tune"
+    found = [r for r in (_read_json(p) for p in (d.glob("*.json") if d.is_dir() else [])) if r and "best" in r]
+    return sorted(found, key=lambda r: -_number(r.get("created"), 0.0))
+
+
 def store_tune_record(key: str, record: dict) -> None:
     """Store an autotuning winner; a cache that cannot be written keeps none (the next process tunes again)."""
     with contextlib.suppress(OSError, CacheUnwritable):
