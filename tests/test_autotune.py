@@ -193,3 +193,28 @@ def test_gpu_tuning_an_instant_kernel_and_a_second_process_takes_the_winner(tmp_
             f"print(tune.stored('kk_rowsum', {ROWSUM!r}, (2048, 4099), device='cuda'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == str(result.best)
+
+
+@pytest.mark.cuda_build
+def test_a_cards_space_builds_only_its_cu_and_never_picks_a_wrong_configuration(tmp_path):
+    """A card from ``kernelkit new`` with two parameters in ``Spec.tune``, as -D flags of its .cu: the binding
+    is built once, every configuration's .cu once (in threads), WRONG_BIAS=1 is rejected by the check, and
+    the winner is stored for the card's content (an edit of the card tunes again)."""
+    subprocess.run([sys.executable, "-m", "kernelkit", "new", "kk_tuned", "--dir", str(tmp_path)], check=True,
+                   capture_output=True)
+    cu, py = tmp_path / "kk_tuned.cu", tmp_path / "kk_tuned.py"
+    cu.write_text("#ifndef WRONG_BIAS\n#define WRONG_BIAS 0\n#endif\n" +
+                  cu.read_text().replace("return x * x;", "return x * x + (A)(WRONG_BIAS) * (A)(UNUSED - UNUSED + 1);"))
+    py.write_text(py.read_text().replace("grad_inputs=())", 'grad_inputs=(), tune={"WRONG_BIAS": [0, 1], "UNUSED": [1, 2]})'))
+    before = kernelkit.STATS["compiles"]
+    result = kernelkit.autotune("kk_tuned", kernels_dir=tmp_path, shape=(4096,), device="cpu", budget_ms=40)
+    assert kernelkit.STATS["compiles"] - before == 5  # the binding, and the .cu of each of 4 configurations
+    assert result.best["WRONG_BIAS"] == 0
+    assert sorted(c.status for c in result.candidates if c.config["WRONG_BIAS"] == 1) == ["wrong", "wrong"]
+    again = kernelkit.autotune("kk_tuned", kernels_dir=tmp_path, shape=(4096,), device="cpu")
+    assert again.from_cache and again.best == result.best
+    cli = subprocess.run([sys.executable, "-m", "kernelkit", "tune", "kk_tuned", "--kernels-dir", str(tmp_path),
+                          "--device", "cpu", "--size", "4096"], capture_output=True, text=True)
+    assert cli.returncode == 0 and "stored earlier" in cli.stdout and "WRONG_BIAS=0" in cli.stdout, cli.stderr
+    py.write_text(py.read_text() + "\n# an edit\n")
+    assert tune.stored("kk_tuned", tune._Card("kk_tuned", tmp_path).source, (4096,), device="cpu") is None

@@ -1,4 +1,4 @@
-"""``kernelkit check``, ``kernelkit bench`` and ``kernelkit run``: registered on the main CLI's subparsers.
+"""``kernelkit check``, ``kernelkit bench``, ``kernelkit run`` and ``kernelkit tune``: registered on the main CLI's subparsers.
 
 Importing this module does not import torch (``kernelkit --help`` stays fast); each command imports it when
 it runs.
@@ -201,6 +201,29 @@ def cmd_run(args) -> int:
     return code
 
 
+def cmd_tune(args) -> int:
+    """Tune each named card over its ``Spec.tune`` space; print the table (exit 1 when nothing passed)."""
+    from ..harness.tune import autotune
+
+    check_device(args.device)
+    status = 0
+    for card in find_cards(args.ops, args.kernels_dir):
+        spec = card_spec(card)
+        if spec is None or not spec.tune:
+            print(f"{card.name}: its Spec has no tune={{...}} space (parameter -> values, passed as -D flags)")
+            status = 1
+            continue
+        try:
+            result = autotune(card.name, kernels_dir=args.kernels_dir, device=args.device, retune=args.retune,
+                              shape=parse_size(args.size) if args.size else None)
+        except ValueError as e:
+            print(e)
+            status = 1
+            continue
+        print(result.table() + "\n")
+    return status
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("ops", nargs="*", help="card names (default: every card on the kernel search path)")
     p.add_argument("--kernels-dir", help="directory of cards (default: KERNELKIT_PATH + built-in)")
@@ -255,3 +278,10 @@ def register(sub) -> None:
                    help="every bench size of each card at bench's budget (default: 5 sizes spread over the sweep, "
                    "50 ms budgets)")
     r.set_defaults(func=cmd_run)
+
+    t = sub.add_parser("tune", help="choose the fastest correct configuration of each card's Spec.tune space")
+    _common(t)
+    t.add_argument("--device", type=_device, help="cpu, cuda or cuda:N (default: cuda when available)")
+    t.add_argument("--size", metavar="SIZE", help="the size to time, e.g. 2**20 (default: the largest bench size)")
+    t.add_argument("--retune", action="store_true", help="tune again even where a winner is stored")
+    t.set_defaults(func=cmd_tune)

@@ -82,6 +82,9 @@ class Spec:
     #: The binding launches their kernels by name (``kk::kernel("axpy<float>")``, <kernelkit/kernels.h>);
     #: they are not part of the binding's build, so editing one recompiles only it (tens of milliseconds)
     nvrtc_sources: Union[Sequence[str], Mapping[str, Sequence[str]]] = ()
+    #: parameters ``kernelkit.autotune(card)`` chooses among: name -> values, each passed to the card's .cu
+    #: files as ``-D<name>=<value>`` (the binding is built once), e.g. ``{"BLOCK": [128, 256, 512]}``
+    tune: Mapping[str, Sequence[Any]] = dataclasses.field(default_factory=dict)
 
     def tolerance(self, dtype: torch.dtype) -> Tuple[float, float]:
         if dtype in self.tolerances:

@@ -21,13 +21,14 @@ import itertools
 import math
 import os
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
 from ..jit import cache, keys
 from .bandwidth import device_name
 from .check import check
+from .spec import Spec
 from .timing import Outcome, Ratio, Timing, paired_ratio, time_together
 
 Config = Dict[str, Any]
@@ -97,15 +98,22 @@ def shape_bucket(shape: Sequence[int]) -> int:
     return 1 << max(0, math.ceil(math.log2(lead))) if lead > 1 else 1
 
 
-def autotune(make: Callable[[Config], Callable[..., Any]], space: Mapping[str, Sequence[Any]], *,
-             reference: Callable[..., Any], inputs: Callable[..., tuple], shape: Sequence[int], name: str,
-             source: str = "", constraint: Optional[Callable[[Config], bool]] = None,
-             check_shapes: Optional[Sequence[Sequence[int]]] = None, dtype: torch.dtype = torch.float32,
+def autotune(make: Union[Callable[[Config], Callable[..., Any]], str, Spec],
+             space: Optional[Mapping[str, Sequence[Any]]] = None, *,
+             reference: Optional[Callable[..., Any]] = None, inputs: Optional[Callable[..., tuple]] = None,
+             shape: Optional[Sequence[int]] = None, name: Optional[str] = None, source: str = "",
+             kernels_dir=None, constraint: Optional[Callable[[Config], bool]] = None,
+             check_shapes: Optional[Sequence[Sequence[int]]] = None, dtype: Optional[torch.dtype] = None,
              device=None, bucket: Optional[Callable[[Sequence[int]], Any]] = None, trials: int = 2,
              rtol: Optional[float] = None, atol: Optional[float] = None, budget_ms: Optional[float] = None,
              prune_margin: float = 0.5, workers: Optional[int] = None, retune: bool = False, store: bool = True,
              timer: Optional[Timer] = None) -> TuneResult:
     """The fastest configuration of ``space`` whose op (``make(config)``) gives the reference's results.
+
+    ``make`` may be a card (its name, found in ``kernels_dir``, or its Spec): each configuration then builds
+    the card with ``-D<name>=<value>`` for its .cu files only (in threads: nvcc processes on every core; the
+    binding is built once), and the space (default ``Spec.tune``), reference, inputs, shape (default the
+    largest of ``bench_sizes``), dtype (``bench_dtype``) and source key come from the card.
 
     ``inputs(shape, dtype=, device=, generator=)`` makes an argument tuple (as for :func:`check`); the op is
     checked on ``check_shapes`` (default: ``shape`` and two odd sizes below it) and timed on ``shape``.
@@ -116,6 +124,14 @@ def autotune(make: Callable[[Config], Callable[..., Any]], space: Mapping[str, S
     """
     t0 = time.perf_counter()
     device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
+    prebuild = None
+    if isinstance(make, (str, Spec)):
+        card = _Card(make, kernels_dir)
+        make, prebuild, name, source = card.make, card.prebuild, card.spec.name, card.source
+        space, reference, inputs = space or card.spec.tune, reference or card.spec.reference, inputs or card.spec.make_inputs
+        shape, dtype = shape or max(card.spec.bench_sizes, key=math.prod), dtype or card.spec.bench_dtype
+    _required(make, reference, inputs, shape, name)
+    dtype = dtype or torch.float32
     configs = configurations(space, constraint)
     bucket_of = (bucket or shape_bucket)(tuple(shape))
     key = keys.tune_key(name, source, _device_identity(device), str(dtype), repr(bucket_of))
@@ -125,7 +141,7 @@ def autotune(make: Callable[[Config], Callable[..., Any]], space: Mapping[str, S
         return TuneResult(name, label, str(dtype), bucket_of, stored["best"],
                           [Candidate(stored["best"], "best", "stored earlier")], from_cache=True)
     candidates = _checked(make, configs, reference, inputs, check_shapes or _odd_shapes(shape), dtype, device,
-                          trials, rtol, atol, workers)
+                          trials, rtol, atol, workers, prebuild)
     fns = {i: op for i, (c, op) in enumerate(candidates) if op is not None}
     if not fns:
         raise ValueError(f"autotune {name}: no configuration passed its check:\n" +
@@ -134,16 +150,52 @@ def autotune(make: Callable[[Config], Callable[..., Any]], space: Mapping[str, S
     budget = budget_ms or (200.0 if device.type == "cuda" else 100.0)
     timer = timer or (lambda f, ms: time_together(f, device, budget_ms=ms, warmup_ms=min(25.0, ms / 4)))
     _time(candidates, fns, args, timer, budget, prune_margin)
-    best = min((c for c, _ in candidates if c.status == "ok"), key=lambda c: c.timing.median_us)
-    best.status = "best"
-    for c, _ in candidates:
-        if c.timing is not None and c.timing.samples_us and best.timing.samples_us and c.status == "ok":
-            c.vs_best = paired_ratio(best.timing.samples_us, c.timing.samples_us)
+    best = _winner(name, [c for c, _ in candidates])
     if store:
         cache.store_tune_record(key, {"name": name, "device": label, "dtype": str(dtype), "bucket": repr(bucket_of),
                                       "best": best.config, "median_us": best.timing.median_us, "created": time.time()})
     return TuneResult(name, label, str(dtype), bucket_of, best.config, [c for c, _ in candidates],
                       elapsed_s=time.perf_counter() - t0)
+
+
+def _winner(name: str, candidates: List[Candidate]) -> Candidate:
+    """The timed configuration with the lowest median; each other one's paired ratio to it."""
+    timed = [c for c in candidates if c.status == "ok" and c.timing is not None]
+    if not timed:
+        raise ValueError(f"autotune {name}: every configuration that passed its check failed to time:\n" +
+                         "\n".join(f"  {c.label}: {c.status}: {c.reason}" for c in candidates))
+    best = min(timed, key=lambda c: c.timing.median_us)
+    best.status = "best"
+    for c in timed:
+        if c is not best and c.timing.samples_us and best.timing.samples_us:
+            c.vs_best = paired_ratio(best.timing.samples_us, c.timing.samples_us)
+    return best
+
+
+class _Card:
+    """A card as a space of builds: a configuration's values become -D flags of its .cu files."""
+
+    def __init__(self, card: Union[str, Spec], kernels_dir):
+        from ..jit import cards, sources
+
+        found = cards.find(card if isinstance(card, str) else card.name, kernels_dir)
+        self.spec, self.kernels_dir = found.spec, kernels_dir
+        files = [*found.sources(), *filter(None, [found.header(), found.spec_path])]
+        self.source = sources.sha256_bytes(*(f.read_bytes() for f in sorted(files)))
+
+    def _load(self, config: Config, load: bool):
+        from ..loading import load as load_card
+
+        defines = [f"-D{k}={v}" for k, v in config.items()]
+        return load_card(self.spec.name, kernels_dir=self.kernels_dir, extra_cuda_cflags=defines, load=load)
+
+    def prebuild(self, config: Config) -> None:
+        self._load(config, load=False)
+
+    def make(self, config: Config) -> Callable[..., Any]:
+        """The build's own op (each build registers under its own namespace; ``kernelkit.ops`` follows the
+        newest load)."""
+        return getattr(self._load(config, load=True), self.spec.name)
 
 
 def _device_identity(device: torch.device) -> str:
@@ -162,17 +214,30 @@ def _odd_shapes(shape: Sequence[int]) -> List[Tuple[int, ...]]:
     return [shape, *sorted((o, *shape[1:]) for o in odd if o != shape[0])]
 
 
-def _checked(make, configs, reference, inputs, shapes, dtype, device, trials, rtol, atol, workers
-             ) -> List[Tuple[Candidate, Optional[Callable[..., Any]]]]:
-    """(candidate, op or None): every configuration built in threads, then checked in turn (one device)."""
-    def build(config):
-        try:
-            return make(dict(config)), None
-        except Exception as e:  # noqa: BLE001 - a configuration that does not build is reported, not raised
-            return None, f"build: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+def _required(make, reference, inputs, shape, name) -> None:
+    for what, value, expected in (("make", make, callable), ("reference", reference, callable),
+                                  ("inputs", inputs, callable)):
+        if not expected(value):
+            raise TypeError(f"autotune: {what}: expected a callable, got {value!r}")
+    if shape is None or not isinstance(name, str) or not name:
+        raise TypeError("autotune: give shape= (the size to time) and name= (what the winner is stored under)")
 
+
+def _built(fn, config) -> Tuple[Any, Optional[str]]:
+    try:
+        return fn(dict(config)), None
+    except Exception as e:  # noqa: BLE001 - a configuration that does not build is reported, not raised
+        return None, f"build: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+
+
+def _checked(make, configs, reference, inputs, shapes, dtype, device, trials, rtol, atol, workers, prebuild=None
+             ) -> List[Tuple[Candidate, Optional[Callable[..., Any]]]]:
+    """(candidate, op or None): every configuration built in threads (``prebuild`` there and ``make`` here,
+    where loading must be serial), then checked in turn (one device)."""
     with concurrent.futures.ThreadPoolExecutor(workers or min(len(configs), os.cpu_count() or 1)) as pool:
-        built = list(pool.map(build, configs))
+        built = list(pool.map(lambda c: _built(prebuild or make, c), configs))
+    if prebuild is not None:
+        built = [(None, error) if error else _built(make, c) for c, (_, error) in zip(configs, built)]
     out = []
     for config, (op, error) in zip(configs, built):
         candidate = Candidate(dict(config), "failed" if error else "ok", error or "")
