@@ -31,7 +31,7 @@ void launch_scale(const float* x, float* y, int64_t n, cudaStream_t s) {
 
 
 def _shape(text, flags=("-O3",), deps=(), roots=()):
-    return keys.host_shape_key("cu", list(flags), "fp", "nvcc", text, list(deps), list(roots), "compiler")
+    return keys.host_shape_key("cu", list(flags), [], "fp", "nvcc", text, list(deps), list(roots), "compiler")
 
 
 # ------------------------------------------------------------------------------------ which edits keep it

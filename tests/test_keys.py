@@ -282,7 +282,7 @@ def test_one_schema_version_in_every_key():
                k.pch_key("fp", [], [], "d"), k.program_key((13, 0), "90", "inc", [], [], "text", []),
                k.nvrtc_facts_key("prefix", []), k.source_key("t", ["fp"], [], [], []),
                k.launcher_record_key(b"src", "3.11", "prefix", "2.11", "0.1"),
-               k.host_shape_key("cu", [], "fp", "nvcc", "int x;", [], [], "compiler")]
+               k.host_shape_key("cu", [], [], "fp", "nvcc", "int x;", [], [], "compiler")]
     original = k.SCHEMA
     try:
         k.SCHEMA = "kernelkit-keys-test"
@@ -290,7 +290,7 @@ def test_one_schema_version_in_every_key():
                  k.pch_key("fp", [], [], "d"), k.program_key((13, 0), "90", "inc", [], [], "text", []),
                  k.nvrtc_facts_key("prefix", []), k.source_key("t", ["fp"], [], [], []),
                  k.launcher_record_key(b"src", "3.11", "prefix", "2.11", "0.1"),
-                 k.host_shape_key("cu", [], "fp", "nvcc", "int x;", [], [], "compiler")]
+                 k.host_shape_key("cu", [], [], "fp", "nvcc", "int x;", [], [], "compiler")]
     finally:
         k.SCHEMA = original
     assert all(a != b for a, b in zip(derived, again))

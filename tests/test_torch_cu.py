@@ -211,3 +211,20 @@ def test_load_inline_cuda_sources_are_split_and_errors_cite_the_string(capsys):
         kernelkit.load_inline("kk_tcu_cell", "torch::Tensor twice(torch::Tensor x);", CELL, functions=["twice"],
                               arch="9.0")
     assert f"kk_tcu_cell/cuda.cu:{line}" in str(e.value) and "xx" in str(e.value), str(e.value)
+
+
+def test_a_load_inline_kernel_edit_compiles_device_code_only(capsys):
+    """load_inline's sources live under their text's hash, so an edit moves them to a new dir: the host shape
+    of the split's device TU is keyed without that dir, and a kernel-body edit compiles device code only."""
+    sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "torch_ext"))
+    import sigmoid_inline
+
+    def load(scale):
+        before = build.STATS["compiles"]
+        kernelkit.load_inline("kk_tcu_sigmoid_inline", sigmoid_inline.CPP, sigmoid_inline.cuda_source(scale),
+                              functions=["sigmoid"], arch="9.0")
+        return build.STATS["compiles"] - before, capsys.readouterr().err
+
+    load("1.0f")
+    compiles, said = load("3.0f")
+    assert compiles == 1 and "device TU" in said and "(device code only)" in said and "host TU cached" in said, said

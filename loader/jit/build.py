@@ -50,6 +50,7 @@ class Unit:
     pch_defines: Optional[List[str]] = None  # a binding TU that starts with <kernelkit/binding.h>
     uses_torch: bool = False  # includes torch's headers: a .cu that does takes tens of seconds to compile
     roots: List[Path] = dataclasses.field(default_factory=list)  # what the digest names deps relative to
+    local_dirs: List[Path] = dataclasses.field(default_factory=list)  # include dirs the key names "-I<local>"
     #: how its object is made when not by running the compiler on it: ``(unit, target, out, depfile)``
     #: (a torch-including .cu: jit.torch_cu splits it, or compiles it as written)
     builder: Optional[Callable[["Unit", "Target", Path, Path], None]] = None
@@ -125,7 +126,7 @@ def plan_unit(kind: str, path: Path, text: str, include_dirs: Sequence[Path], ex
         sources.refuse_shell_expansion([*flags, str(path), str(cache.cache_dir())], f"compiling {display} with nvcc")
     digest = digest_tree(text.encode(), deps, roots)
     key = keys.unit_key(kind, flags, include_dirs, digest, toolchain.fingerprint(), compiler_id)
-    return Unit(kind, path, display, flags, key, deps, digest, pch_defines, uses_torch, roots)
+    return Unit(kind, path, display, flags, key, deps, digest, pch_defines, uses_torch, roots, list(include_dirs))
 
 
 def link_flags(with_cuda: bool, pymodule: bool, extra: Sequence[str], standalone: bool = False) -> List[str]:
@@ -534,7 +535,7 @@ def _host_shape(unit: Unit) -> Optional[str]:
     if unit.kind != "cu" or not unit.digest or os.environ.get("KERNELKIT_DEVICE_REBUILD", "1").strip() == "0":
         return None
     try:
-        return keys.host_shape_key(unit.kind, unit.flags, toolchain.fingerprint(), toolchain.nvcc_fingerprint(),
+        return keys.host_shape_key(unit.kind, unit.flags, unit.local_dirs, toolchain.fingerprint(), toolchain.nvcc_fingerprint(),
                                    unit.path.read_text(errors="surrogateescape"), unit.deps, unit.roots,
                                    "builder" if unit.builder is not None else "compiler")
     except OSError:  # gone meanwhile: the compile says so

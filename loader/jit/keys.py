@@ -130,9 +130,12 @@ def _compiler_dirs(compilers: Sequence[str]) -> List[str]:
 def unit_key(kind: str, flags: Sequence[str], local_dirs: Iterable[Path], digest: str, fingerprint: str,
              compiler_id: str) -> str:
     """One translation unit. ``digest``: its text and every file it reads (``sources.digest_tree``)."""
+    return _key("unit", kind, fingerprint, compiler_id, _joined(_key_flags(flags, local_dirs)), digest)
+
+
+def _key_flags(flags: Sequence[str], local_dirs: Iterable[Path]) -> List[str]:
     local = {f"-I{d}" for d in local_dirs}
-    key_flags = ["-I<local>" if f in local else f for f in flags]
-    return _key("unit", kind, fingerprint, compiler_id, _joined(key_flags), digest)
+    return ["-I<local>" if f in local else f for f in flags]
 
 
 def build_variant_key(unit_key_: str, variant: str) -> str:
@@ -146,11 +149,11 @@ _RELOCATABLE = ("-rdc", "--relocatable-device-code", "-dc", "--device-c", "-ewp"
                 "-dlink", "--device-link")
 
 
-def host_shape_key(kind: str, flags: Sequence[str], fingerprint: str, compiler_id: str, text: str,
-                   deps: Sequence[Path], roots: Sequence[Path], variant: str) -> Optional[str]:
-    """The host shape of a .cu unit (see above): like its unit key it names no file, but its flags count as
-    given (include dirs spelled out). None where device code cannot be rebuilt alone: relocatable device
-    code, or a text the grammar cannot read whole."""
+def host_shape_key(kind: str, flags: Sequence[str], local_dirs: Iterable[Path], fingerprint: str, compiler_id: str,
+                   text: str, deps: Sequence[Path], roots: Sequence[Path], variant: str) -> Optional[str]:
+    """The host shape of a .cu unit (see above): like its unit key, it names no file and no dir kernelkit
+    adds as an include dir (load_inline's lives under its text's hash). None where device code cannot be
+    rebuilt alone: relocatable device code, or a text the grammar cannot read whole."""
     if kind != "cu" or any(f.split("=")[0] in _RELOCATABLE for f in flags):
         return None
     shapes = []
@@ -160,7 +163,7 @@ def host_shape_key(kind: str, flags: Sequence[str], fingerprint: str, compiler_i
             return None
         shapes.append(shape)
     named = sorted((sources.portable_name(d, roots), s) for d, s in zip(deps, shapes[1:]))
-    return _key("host-shape", kind, fingerprint, compiler_id, _joined(flags), variant, shapes[0],
+    return _key("host-shape", kind, fingerprint, compiler_id, _joined(_key_flags(flags, local_dirs)), variant, shapes[0],
                 _joined(f"{n}\0{s}" for n, s in named))
 
 
