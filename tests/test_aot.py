@@ -422,6 +422,30 @@ def test_opt_in_wheel_contains_prebuilt_libraries(built, tmp_path):
                 if line.startswith("Requires-Dist: torch")]
     assert requires == [f"Requires-Dist: torch=={torch.__version__.split('+')[0]}"], requires
     print(f"wheel (affine, objects reused): {time.perf_counter() - t0:.1f} s")
+    _installed_wheel_runs_without_compilers(whl, built, tmp_path)
+
+
+def _installed_wheel_runs_without_compilers(whl: Path, built, tmp_path: Path) -> None:
+    """The wheel installed on its own (no source tree, no editable install in the way), in a process with no
+    C++ compiler, no CUDA toolkit and an empty read-only cache: the card runs from the wheel's prebuilt
+    library, with no compiler process and nothing written."""
+    site = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "-q", "--target",
+                           str(site), str(whl)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cache = tmp_path / "deployed-cache"
+    cache.mkdir()
+    e = _without_compilers(tmp_path)
+    e.update(PYTHONPATH=os.pathsep.join([str(site), e["PYTHONPATH"]]), KERNELKIT_CACHE_DIR=str(cache))
+    e.pop("KERNELKIT_PREBUILT_PATH", None)
+    where = subprocess.run([sys.executable, "-c", "import kernelkit; print(kernelkit.__file__)"], capture_output=True,
+                           text=True, env=e, timeout=300)
+    assert where.stdout.strip().startswith(str(site)), where.stdout + where.stderr
+    proc = subprocess.run([sys.executable, "-c", DEPLOYED_PROBE, str(cache), str(site / "kernelkit" / "prebuilt"),
+                           str(built["cards"]), ARCH, "affine", "1"], capture_output=True, text=True, timeout=600, env=e)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "COMPILES 0" in proc.stdout and "SPAWNED" not in proc.stderr, proc.stdout + proc.stderr
+    assert list(cache.iterdir()) == []
 
 
 def run_ctest(built, tmp_path, select, expect: str) -> None:
