@@ -68,7 +68,7 @@ def check_nvcc() -> List[Finding]:
         nvcc = toolchain.nvcc()
     except KernelkitError as e:
         return [Finding("nvcc", FAIL, f"{e} (C++ cards still build)",
-                        f"install a CUDA {torch.version.cuda.split('.')[0]} toolkit or pip install 'kernelkit[cuda]', "
+                        f"install a CUDA {torch.version.cuda.split('.')[0]} toolkit or {toolchain.pip_toolkit_advice()}, "
                         "or set CUDA_HOME / KERNELKIT_NVCC")]
     found = toolchain.facts().get("cuda_toolkit_version") or _nvcc_release(nvcc)
     if found and str(found).split(".")[0] != torch.version.cuda.split(".")[0]:

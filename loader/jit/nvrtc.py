@@ -29,7 +29,7 @@ from ..errors import BuildError, KernelkitError
 from ..instant import signature
 from . import cache, keys, sources
 
-FORMAT = "kernelkit-nvrtc-2"
+FORMAT = "kernelkit-nvrtc-3"
 # --no-source-include: NVRTC looks for no header next to the source (or in the working directory), so every
 # local header it opens is one kernelkit hashed and handed over from memory
 DEFAULT_OPTIONS = ("--std=c++17", "-lineinfo", "--no-source-include")
@@ -87,7 +87,7 @@ def _facts() -> dict:
     err, major, minor = nvrtc.nvrtcVersion()
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         raise KernelkitError(f"NVRTC cannot be loaded: {err}")
-    include = _find_cuda_include()
+    include = _find_cuda_include(int(major))
     facts = {"version": [int(major), int(minor)], "include": str(include) if include else None,
              "files": {f: _identity(f) for f in _upgraded_files(include)}}
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -136,15 +136,19 @@ def cuda_include_dir() -> Optional[Path]:
     return Path(include) if include else None
 
 
-def _find_cuda_include() -> Optional[Path]:
-    """Where cuda_fp16.h and friends are: the CUDA toolkit, else the headers NVIDIA's wheels ship."""
+def _find_cuda_include(major: int) -> Optional[Path]:
+    """Where cuda_fp16.h and friends are for NVRTC of CUDA ``major``: the CUDA toolkit, else the headers NVIDIA's
+    wheels ship, the first of those of NVRTC's own major version (torch's CUDA 12 wheels next to a CUDA 13
+    toolkit: NVRTC 12 with CUDA 13's headers may fail or differ), else the first found."""
     from . import toolchain  # a cold start only: its facts come from torch's cpp_extension
 
     home = toolchain.facts().get("cuda_home")
     candidates = [Path(str(home)) / "include"] if home else []
     for entry in sys.path:
         candidates += sorted(Path(entry).glob("nvidia/cu*/include")) + [Path(entry) / "nvidia/cuda_runtime/include"]
-    return next((d for d in candidates if (d / "cuda_fp16.h").is_file()), None)
+    found = [d for d in candidates if (d / "cuda_fp16.h").is_file()]
+    same = [d for d in found if (toolchain.cuda_header_version(d) or "").split(".")[0] == str(major)]
+    return (same or found or [None])[0]
 
 
 def arch_for(arch) -> str:

@@ -64,8 +64,18 @@ def nvcc() -> str:
     for c in candidates:
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return c
-    raise KernelkitError("nvcc not found: install the CUDA toolkit or pip install 'kernelkit[cuda]' (NVIDIA's "
-                         "compiler wheels), or set KERNELKIT_NVCC or CUDA_HOME")
+    raise KernelkitError(f"nvcc not found: install the CUDA toolkit or {pip_toolkit_advice()}, or set KERNELKIT_NVCC "
+                         "or CUDA_HOME")
+
+
+def pip_toolkit_advice() -> str:
+    """What PyPI offers for torch's CUDA major version: NVIDIA's compiler wheels from CUDA 13 on; for CUDA 12
+    nvidia-cuda-nvcc-cu12 holds ptxas and libnvvm but no nvcc, so only instant kernels (NVRTC) work from pip."""
+    major = str(torch.version.cuda or "13").split(".")[0]
+    if major.isdigit() and int(major) < 13:
+        return (f"use instant kernels (kernelkit.load_kernels), which need only NVRTC: pip install "
+                f"'cuda-bindings=={major}.*' (PyPI has no nvcc for CUDA {major})")
+    return "pip install 'kernelkit[cuda]' (NVIDIA's compiler wheels)"
 
 
 def cudart_link_flag() -> str:
@@ -205,10 +215,13 @@ def _torch_cxx_standard(include_dirs: List[str]) -> str:
 
 def _toolkit_version(home: Optional[str]) -> Optional[str]:
     """The CUDA toolkit's version from its cuda.h (no nvcc spawn), e.g. '13.0'."""
-    if not home:
-        return None
+    return cuda_header_version(os.path.join(home, "include")) if home else None
+
+
+def cuda_header_version(include: "str | os.PathLike") -> Optional[str]:
+    """The CUDA version of the headers in ``include`` (its cuda.h's CUDA_VERSION), e.g. '12.4'."""
     try:
-        with open(os.path.join(home, "include", "cuda.h"), errors="replace") as f:
+        with open(os.path.join(include, "cuda.h"), errors="replace") as f:
             m = re.search(r"#define\s+CUDA_VERSION\s+(\d+)", f.read(1 << 18))
     except OSError:
         return None
