@@ -131,6 +131,25 @@ def test_the_winner_is_stored_per_bucket_and_taken_without_tuning():
         assert not result.from_cache and k.built
 
 
+def test_across_shapes_says_how_much_of_the_gain_survives():
+    """block=128 wins at 1000 elements; at 5000 block=256 wins and block=128 takes 1.5x its time."""
+    k = Kernels()
+    sizes = {}
+
+    def make_sized(config):
+        op = k.make(config)
+        return lambda x: (sizes.__setitem__("n", x.shape[0]), op(x))[1]
+
+    def cost(c):
+        return (c["block"] / 100) if sizes["n"] < 2000 else {128: 3.0, 256: 2.0}[c["block"]]
+
+    result = tune.across(make_sized, {"block": [128, 256]}, [(1000,), (5000,)], reference=reference,
+                         inputs=make_inputs, name="kk_across", device="cpu", timer=k.timer(cost), store=False)
+    assert [r.best for r in result.results] == [{"block": 128}, {"block": 256}]
+    assert result.carried[0].startswith("1.000x") and result.carried[1].startswith("1.500x")
+    assert "block=128 there" in result.table()
+
+
 def test_real_cpu_timing_picks_the_faster_configuration():
     def make(config):
         def op(x):

@@ -292,3 +292,40 @@ def stored(name: str, source: str, shape: Sequence[int], dtype: torch.dtype = to
     record = cache.tune_record(keys.tune_key(name, source, _device_identity(device), str(dtype), repr(bucket_of)))
     return record.get("best") if record else None
 
+
+
+@dataclasses.dataclass
+class Across:
+    """One tuning per shape, and how the first shape's winner fares at the others."""
+    results: List[TuneResult]
+    #: per shape: the first winner's time / that shape's winner's ("1.000x" where it wins again), or why not
+    carried: List[str]
+
+    def table(self) -> str:
+        first = _label(self.results[0].best)
+        rows = [f"{'shape bucket':>12}  {'winner':40s}  {first} there"]
+        rows += [f"{str(r.bucket):>12}  {_label(r.best):40s}  {c}" for r, c in zip(self.results, self.carried)]
+        return "\n".join(rows)
+
+
+def across(make, space: Optional[Mapping[str, Sequence[Any]]], shapes: Sequence[Sequence[int]], **kw) -> Across:
+    """:func:`autotune` at each of ``shapes`` (each stored for its bucket; tuned afresh: ``retune``), and how much
+    of the first shape's gain survives at the others: its configuration's time there against that shape's winner
+    (the paired ratio where both were timed to the end; the short run's medians where it was pruned)."""
+    if not shapes:
+        raise ValueError("autotune.across: shapes: expected at least one shape")
+    results = [autotune(make, space, shape=tuple(s), retune=True, **kw) for s in shapes]
+    first = results[0].best
+    carried = []
+    for r in results:
+        best = next(c for c in r.candidates if c.status == "best")
+        mine = next((c for c in r.candidates if c.config == first), None)
+        if mine is None or mine.status in ("wrong", "failed"):
+            carried.append(f"not usable: {mine.status}: {mine.reason}" if mine else "not in the space")
+        elif mine is best:
+            carried.append("1.000x (the winner here too)")
+        elif mine.vs_best is not None:
+            carried.append(f"{mine.vs_best} of the winner's time")
+        else:
+            carried.append(f"{mine.timing.median_us / best.timing.median_us:.3f}x of the winner's time (pruned)")
+    return Across(results, carried)
