@@ -55,12 +55,14 @@ def _text(nb) -> str:
 
 def _headline_timings_exclude_the_first_call(name: str, text: str) -> None:
     """A first call (op load, a build on a cold cache) inside a timed loop shows as a fused time many times
-    the eager one: 02_cem once printed "fused 431246 us, eager 10585 us"."""
+    the eager one, and long: 02_cem once printed "fused 431246 us, eager 10585 us". Both conditions, since
+    on a 2-core CI box another test file's compiles can slow the fused CPU op's threads tenfold (7.7 ms
+    against 0.47 ms, once) without any first call in the loop."""
     if name == "02_cem":
         match = re.search(r"sampler per iteration \(median\): fused (\d+) us, eager (\d+) us", text)
         assert match, "02_cem printed no sampler timing"
         fused, eager = map(int, match.groups())
-        assert fused < 10 * max(eager, 1), match.group(0)
+        assert fused < 10 * max(eager, 1) or fused < 50_000, match.group(0)
 
 
 @pytest.mark.parametrize("path", list(_params()))
