@@ -485,12 +485,7 @@ def store_object(key: str, built: Path, info: dict) -> Path:
 def remember_shape(shape: str, key: str) -> None:
     """Record that ``key``'s object was compiled from a text of host shape ``shape`` (``keys.host_shape_key``):
     a later text of that shape reuses its host side. Best effort: a cache that cannot be written keeps none."""
-    with contextlib.suppress(OSError, CacheUnwritable):
-        record = subdir("shapes") / shape
-        with writing(record):
-            tmp = Path(tempfile.mkstemp(prefix=".shape-", dir=record.parent)[1])
-            tmp.write_text(key)
-            publish_file(tmp, record)
+    _publish_small(subdir("shapes") / shape, key)
 
 
 def shaped_object(shape: str) -> Optional[Path]:
@@ -521,11 +516,15 @@ def tune_records() -> List[dict]:
 
 def store_tune_record(key: str, record: dict) -> None:
     """Store an autotuning winner; a cache that cannot be written keeps none (the next process tunes again)."""
+    _publish_small(subdir("tune") / f"{key}.json", json.dumps(record))
+
+
+def _publish_small(final: Path, text: str) -> None:
+    """Write a small record all at once (readers see the old or the new text); best effort."""
     with contextlib.suppress(OSError, CacheUnwritable):
-        final = subdir("tune") / f"{key}.json"
         with writing(final):
-            tmp = Path(tempfile.mkstemp(prefix=".tune-", dir=final.parent)[1])
-            tmp.write_text(json.dumps(record))
+            tmp = Path(tempfile.mkstemp(prefix=".record-", dir=final.parent)[1])
+            tmp.write_text(text)
             publish_file(tmp, final)
 
 
