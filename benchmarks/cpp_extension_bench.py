@@ -207,11 +207,13 @@ def main() -> int:
     print("| style | phase | torch | kernelkit | torch / kernelkit |\n|---|---|---|---|---|")
     for style, r in rows.items():
         for phase in ("cold", "warm", "edit", "host_edit"):
-            if len(r) < 2 or phase not in r["torch"] or phase not in r["kernelkit"]:
+            t, k = r.get("torch", {}).get(phase), r.get("kernelkit", {}).get(phase)
+            if t is None and k is None:
                 continue
-            t, k = r["torch"][phase], r["kernelkit"][phase]
-            fmt = (lambda s: f"{s * 1e3:.1f} ms") if phase == "warm" else (lambda s: f"{s:.2f} s")
-            print(f"| {style} | {phase} | {fmt(t)} | {fmt(k)} | {t / k:.1f}x |")
+            fmt = (lambda s: "" if s is None else f"{s * 1e3:.1f} ms") if phase == "warm" else (
+                lambda s: "" if s is None else f"{s:.2f} s")
+            ratio = f"{t / k:.1f}x" if t is not None and k is not None else ""
+            print(f"| {style} | {phase} | {fmt(t)} | {fmt(k)} | {ratio} |")
     if args.out:
         Path(args.out).write_text(json.dumps({"gpu": gpu, "cpus": os.cpu_count(), "torch": torch.__version__,
                                               "results": rows}, indent=1))

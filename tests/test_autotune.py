@@ -36,6 +36,8 @@ class Kernels:
 
         def op(x):
             self.called.append(config)
+            if config.get("launch_fails"):
+                raise RuntimeError("launching scale2 failed: too many resources requested for launch")
             y = x * 2
             if not config.get("tail", True) and x.shape[0] % 2:
                 y[-1] = 0
@@ -100,6 +102,17 @@ def test_pruning_failures_and_the_table():
     assert ok.vs_best.median == pytest.approx(1.1, rel=0.02) and ok.vs_best.lo > 1  # the best is faster, surely
     table = result.table()
     assert "best block=128" in table and "pruned" in table and "too many resources" in table
+
+
+def test_a_launch_that_fails_is_a_failure_not_a_wrong_value_and_the_phases_are_timed():
+    k = Kernels()
+    result = _tune(k, {"block": [64, 128], "launch_fails": [False, True]}, lambda c: c["block"] / 100, store=False)
+    failed = [c for c in result.candidates if c.status == "failed"]
+    assert [c.config["launch_fails"] for c in failed] == [True, True]
+    assert "the op raised RuntimeError: launching scale2 failed: too many resources" in failed[0].reason
+    assert result.best == {"block": 64, "launch_fails": False}
+    assert set(result.phases) == {"build", "check", "time"} and all(t >= 0 for t in result.phases.values())
+    assert "build " in result.table().splitlines()[0]
 
 
 def test_no_passing_configuration_is_an_error_listing_why():
@@ -193,6 +206,7 @@ def test_gpu_tuning_an_instant_kernel_and_a_second_process_takes_the_winner(tmp_
                                      options=[f"-D{k}={v}" for k, v in config.items()])
 
         def op(x):
+            x = x.contiguous()  # the kernel walks rows of a dense matrix
             y = torch.empty(x.shape[0], device=x.device)
             mod.rowsum[x.shape[0], config["BLOCK"]](x, y, x.shape[0], x.shape[1])
             return y
@@ -230,10 +244,22 @@ def test_a_cards_space_builds_only_its_cu_and_never_picks_a_wrong_configuration(
     assert kernelkit.STATS["compiles"] - before == 5  # the binding, and the .cu of each of 4 configurations
     assert result.best["WRONG_BIAS"] == 0
     assert sorted(c.status for c in result.candidates if c.config["WRONG_BIAS"] == 1) == ["wrong", "wrong"]
+    _assert_ops_run_the_winner("kk_tuned", tmp_path, result.best)  # not the last configuration built (a wrong one)
     again = kernelkit.autotune("kk_tuned", kernels_dir=tmp_path, shape=(4096,), device="cpu")
     assert again.from_cache and again.best == result.best
+    _assert_ops_run_the_winner("kk_tuned", tmp_path, result.best)
     cli = subprocess.run([sys.executable, "-m", "kernelkit", "tune", "kk_tuned", "--kernels-dir", str(tmp_path),
                           "--device", "cpu", "--size", "4096"], capture_output=True, text=True)
     assert cli.returncode == 0 and "stored earlier" in cli.stdout and "WRONG_BIAS=0" in cli.stdout, cli.stderr
     py.write_text(py.read_text() + "\n# an edit\n")
     assert tune.stored("kk_tuned", tune._Card("kk_tuned", tmp_path).source, (4096,), device="cpu") is None
+
+
+def _assert_ops_run_the_winner(card, kernels_dir, best):
+    from kernelkit.jit import registry
+
+    options = registry.latest(card)._options
+    assert options["extra_cuda_cflags"] == [f"-D{k}={v}" for k, v in best.items()], options
+    spec = tune._Card(card, kernels_dir).spec
+    args = spec.make_inputs((1000,), dtype=torch.float32, device="cpu", generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(getattr(kernelkit.ops, card)(*args), spec.reference(*args))

@@ -59,17 +59,23 @@ class TuneResult:
     candidates: List[Candidate]
     from_cache: bool = False
     elapsed_s: float = 0.0
+    #: seconds per phase of a tuning: "build", "check", "time"
+    phases: Dict[str, float] = dataclasses.field(default_factory=dict)
 
     def table(self) -> str:
         """One row per configuration: status, median time with its p20-p80 spread, how much slower than the best."""
         rows = [f"autotune {self.name} on {self.device}, {self.dtype}, bucket {self.bucket}: best "
                 f"{_label(self.best)}" + (" (stored earlier: nothing built or timed)" if self.from_cache else
-                                           f" ({self.elapsed_s:.1f} s)")]
+                                           f" ({self.elapsed_s:.1f} s{_phases(self.phases)})")]
         for c in self.candidates:
             t = f"{c.timing.median_us:9.2f} us [{c.timing.p20_us:.2f}, {c.timing.p80_us:.2f}]" if c.timing else " " * 30
             vs = f"  {c.vs_best.median:.3f}x [{c.vs_best.lo:.3f}, {c.vs_best.hi:.3f}]" if c.vs_best else ""
             rows.append(f"  {c.status:7s} {c.label:40s} {t}{vs}" + (f"  {c.reason}" if c.reason else ""))
         return "\n".join(rows)
+
+
+def _phases(phases: Dict[str, float]) -> str:
+    return ": " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()) if phases else ""
 
 
 def _label(config: Config) -> str:
@@ -113,7 +119,8 @@ def autotune(make: Union[Callable[[Config], Callable[..., Any]], str, Spec],
     ``make`` may be a card (its name, found in ``kernels_dir``, or its Spec): each configuration then builds
     the card with ``-D<name>=<value>`` for its .cu files only (in threads: nvcc processes on every core; the
     binding is built once), and the space (default ``Spec.tune``), reference, inputs, shape (default the
-    largest of ``bench_sizes``), dtype (``bench_dtype``) and source key come from the card.
+    largest of ``bench_sizes``), dtype (``bench_dtype``) and source key come from the card; after the call (tuned or
+    recalled) ``kernelkit.ops.<card>`` runs the winner's build in this process.
 
     ``inputs(shape, dtype=, device=, generator=)`` makes an argument tuple (as for :func:`check`); the op is
     checked on ``check_shapes`` (default: ``shape`` and two odd sizes below it) and timed on ``shape``.
@@ -133,29 +140,48 @@ def autotune(make: Union[Callable[[Config], Callable[..., Any]], str, Spec],
     _required(make, reference, inputs, shape, name)
     dtype = dtype or torch.float32
     configs = configurations(space, constraint)
-    bucket_of = (bucket or shape_bucket)(tuple(shape))
-    key = keys.tune_key(name, source, _device_identity(device), str(dtype), repr(bucket_of))
+    key, bucket_of = _record_key(name, source, device, dtype, shape, bucket)
     label = device_name(device)
     stored = None if retune else cache.tune_record(key)
     if stored is not None and stored.get("best") in configs:
-        return TuneResult(name, label, str(dtype), bucket_of, stored["best"],
-                          [Candidate(stored["best"], "best", "stored earlier")], from_cache=True)
-    candidates = _checked(make, configs, reference, inputs, check_shapes or _odd_shapes(shape), dtype, device,
-                          trials, rtol, atol, workers, prebuild)
+        result = TuneResult(name, label, str(dtype), bucket_of, stored["best"],
+                            [Candidate(stored["best"], "best", "stored earlier")], from_cache=True)
+    else:
+        phases: Dict[str, float] = {}
+        candidates = _checked(make, configs, reference, inputs, check_shapes or _odd_shapes(shape), dtype, device,
+                              trials, rtol, atol, workers, prebuild, phases)
+        args = tuple(inputs(tuple(shape), dtype=dtype, device=device,
+                            generator=torch.Generator(device=device).manual_seed(0)))
+        best = _timed_winner(name, candidates, args, timer, budget_ms, device, prune_margin, phases)
+        if store:
+            cache.store_tune_record(key, {"name": name, "device": label, "dtype": str(dtype), "bucket": repr(bucket_of),
+                                          "best": best.config, "median_us": best.timing.median_us,
+                                          "created": time.time()})
+        result = TuneResult(name, label, str(dtype), bucket_of, best.config, [c for c, _ in candidates],
+                            elapsed_s=time.perf_counter() - t0, phases=phases)
+    if prebuild is not None:  # a card: the winner's build becomes its current one, so kernelkit.ops.<card> runs it
+        make(result.best)
+    return result
+
+
+def _timed_winner(name: str, candidates, args: tuple, timer: Optional[Timer], budget_ms: Optional[float],
+                  device: torch.device, prune_margin: float, phases: Dict[str, float]) -> Candidate:
     fns = {i: op for i, (c, op) in enumerate(candidates) if op is not None}
     if not fns:
         raise ValueError(f"autotune {name}: no configuration passed its check:\n" +
                          "\n".join(f"  {c.label}: {c.status}: {c.reason}" for c, _ in candidates))
-    args = tuple(inputs(tuple(shape), dtype=dtype, device=device, generator=torch.Generator(device=device).manual_seed(0)))
-    budget = budget_ms or (200.0 if device.type == "cuda" else 100.0)
+    t0 = time.perf_counter()
     timer = timer or (lambda f, ms: time_together(f, device, budget_ms=ms, warmup_ms=min(25.0, ms / 4)))
-    _time(candidates, fns, args, timer, budget, prune_margin)
-    best = _winner(name, [c for c, _ in candidates])
-    if store:
-        cache.store_tune_record(key, {"name": name, "device": label, "dtype": str(dtype), "bucket": repr(bucket_of),
-                                      "best": best.config, "median_us": best.timing.median_us, "created": time.time()})
-    return TuneResult(name, label, str(dtype), bucket_of, best.config, [c for c, _ in candidates],
-                      elapsed_s=time.perf_counter() - t0)
+    _time(candidates, fns, args, timer, budget_ms or (200.0 if device.type == "cuda" else 100.0), prune_margin)
+    phases["time"] = time.perf_counter() - t0
+    return _winner(name, [c for c, _ in candidates])
+
+
+def _record_key(name: str, source: str, device: torch.device, dtype, shape: Sequence[int],
+                bucket: Optional[Callable[[Sequence[int]], Any]]) -> Tuple[str, Any]:
+    """The cache key of a winner (name, source, device identity, dtype, bucket) and the bucket of ``shape``."""
+    bucket_of = (bucket or shape_bucket)(tuple(shape))
+    return keys.tune_key(name, source, _device_identity(device), str(dtype), repr(bucket_of)), bucket_of
 
 
 def _winner(name: str, candidates: List[Candidate]) -> Candidate:
@@ -194,7 +220,7 @@ class _Card:
 
     def make(self, config: Config) -> Callable[..., Any]:
         """The build's own op (each build registers under its own namespace; ``kernelkit.ops`` follows the
-        newest load)."""
+        newest load, so autotune loads the winner's build last)."""
         return getattr(self._load(config, load=True), self.spec.name)
 
 
@@ -230,14 +256,16 @@ def _built(fn, config) -> Tuple[Any, Optional[str]]:
         return None, f"build: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
 
 
-def _checked(make, configs, reference, inputs, shapes, dtype, device, trials, rtol, atol, workers, prebuild=None
-             ) -> List[Tuple[Candidate, Optional[Callable[..., Any]]]]:
+def _checked(make, configs, reference, inputs, shapes, dtype, device, trials, rtol, atol, workers, prebuild=None,
+             phases: Optional[Dict[str, float]] = None) -> List[Tuple[Candidate, Optional[Callable[..., Any]]]]:
     """(candidate, op or None): every configuration built in threads (``prebuild`` there and ``make`` here,
-    where loading must be serial), then checked in turn (one device)."""
+    where loading must be serial), then checked in turn (one device); the seconds of each go to ``phases``."""
+    t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(workers or min(len(configs), os.cpu_count() or 1)) as pool:
         built = list(pool.map(lambda c: _built(prebuild or make, c), configs))
     if prebuild is not None:
         built = [(None, error) if error else _built(make, c) for c, (_, error) in zip(configs, built)]
+    t1 = time.perf_counter()
     out = []
     for config, (op, error) in zip(configs, built):
         candidate = Candidate(dict(config), "failed" if error else "ok", error or "")
@@ -247,11 +275,15 @@ def _checked(make, configs, reference, inputs, shapes, dtype, device, trials, rt
                                device=device, trials=trials, rtol=rtol, atol=atol, contract=False, gradcheck=False)
                 if not result.ok:
                     bad = result.failures[0] if result.failures else None
-                    candidate.status, op = "wrong", None
-                    candidate.reason = (f"{bad.title()}: {bad.messages[0]}" if bad and bad.messages else result.status)
+                    reason = bad.messages[0] if bad and bad.messages else result.status
+                    # a launch that fails (too many resources, ...) is the configuration's failure, not a wrong value
+                    candidate.status, op = "failed" if reason.startswith("the op raised") else "wrong", None
+                    candidate.reason = f"{bad.title()}: {reason}" if bad and bad.messages else reason
             except Exception as e:  # noqa: BLE001 - a launch error, too many resources, ...
                 candidate.status, candidate.reason, op = "failed", f"{type(e).__name__}: {e}".splitlines()[0], None
         out.append((candidate, op))
+    if phases is not None:
+        phases["build"], phases["check"] = t1 - t0, time.perf_counter() - t1
     return out
 
 
@@ -288,8 +320,7 @@ def stored(name: str, source: str, shape: Sequence[int], dtype: torch.dtype = to
            bucket: Optional[Callable[[Sequence[int]], Any]] = None) -> Optional[Config]:
     """The winner stored for this op, device, dtype and the bucket of ``shape`` (None: never tuned there)."""
     device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
-    bucket_of = (bucket or shape_bucket)(tuple(shape))
-    record = cache.tune_record(keys.tune_key(name, source, _device_identity(device), str(dtype), repr(bucket_of)))
+    record = cache.tune_record(_record_key(name, source, device, dtype, shape, bucket)[0])
     return record.get("best") if record else None
 
 

@@ -34,6 +34,12 @@ log = logging.getLogger("kernelkit")
 #: counters a test (or a curious user) can read: how many compiler/linker processes this process ran
 STATS = {"compiles": 0, "links": 0, "joins": 0, "pch_builds": 0, "pch_used": 0, "pch_rejected": 0,
          "device_rebuilds": 0}
+_STATS_LOCK = threading.Lock()  # builds run in threads (autotune, a card's units): `+=` on a dict is not atomic
+
+
+def _count(counter: str) -> None:
+    with _STATS_LOCK:
+        STATS[counter] += 1
 
 
 @dataclasses.dataclass
@@ -244,7 +250,7 @@ def _spawn(cmd: List[str]) -> subprocess.Popen:
 
 
 def _run(cmd: List[str], what: str, target: Target, counter: str) -> str:
-    STATS[counter] += 1
+    _count(counter)
     log.debug("running: %s", " ".join(cmd))
     state = _BUILDS.get(id(target))
     children = state.children if state else _Children()
@@ -371,7 +377,7 @@ def _pch_flags(unit: Unit) -> List[str]:
         return []
     root, cmd = _pch_plan(unit)
     if cache.pch_ready(root):
-        STATS["pch_used"] += 1
+        _count("pch_used")
         return [f"-I{root}", "-Winvalid-pch"]  # gcc skips a PCH it cannot use and reads the header
     _start_pch_build(root, cmd)
     return []
@@ -395,7 +401,7 @@ def _start_pch_build(root: Path, cmd: List[str]) -> None:
                          start_new_session=True, pass_fds=(fd,))
     finally:
         os.close(fd)  # the builder's inherited copy keeps the claim
-    STATS["pch_builds"] += 1
+    _count("pch_builds")
     if not _PCH_ANNOUNCED:
         _PCH_ANNOUNCED = True
         say("building a precompiled <kernelkit/binding.h> in the background (~25 s of one core, once); "
@@ -520,12 +526,12 @@ def compile_as_written(unit: Unit, target: Target, out: Path, depfile: Path) -> 
     except BuildError as e:
         if not pch or not _PCH_FAILED.search(e.log):
             raise
-        STATS["pch_rejected"] += 1
+        _count("pch_rejected")
         log.warning("precompiled binding.h could not be read for %s; dropping it and compiling without", unit.display)
         _drop_pch(unit)
         pch, output = [], _run(unit.command(out, deps), what, target, "compiles")
     if pch and "invalid-pch" in output:  # still correct (gcc read the header), just not faster
-        STATS["pch_rejected"] += 1
+        _count("pch_rejected")
         log.warning("precompiled binding.h was not usable for %s:\n%s", unit.display, output[-800:])
 
 
