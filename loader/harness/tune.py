@@ -21,6 +21,7 @@ import itertools
 import math
 import os
 import time
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
@@ -72,6 +73,36 @@ class TuneResult:
             vs = f"  {c.vs_best.median:.3f}x [{c.vs_best.lo:.3f}, {c.vs_best.hi:.3f}]" if c.vs_best else ""
             rows.append(f"  {c.status:7s} {c.label:40s} {t}{vs}" + (f"  {c.reason}" if c.reason else ""))
         return "\n".join(rows)
+
+    def plot(self, path=None):
+        """Every configuration's median time as a bar with its p20-p80 spread (matplotlib Figure; also written as
+        PNG to ``path`` when given), fastest first, coloured by status; wrong and failed ones, never timed, are
+        named under the bars."""
+        from matplotlib.figure import Figure
+
+        timed = sorted((c for c in self.candidates if c.timing is not None), key=lambda c: c.timing.median_us)
+        untimed = [c for c in self.candidates if c.timing is None and c.status in ("wrong", "failed")]
+        fig = Figure(figsize=(7, 1.2 + 0.22 * max(1, len(timed))))
+        ax = fig.add_subplot()
+        colours = {"best": "tab:green", "ok": "tab:blue", "pruned": "tab:gray"}
+        ys = range(len(timed))
+        medians = [c.timing.median_us for c in timed]
+        spread = [[m - c.timing.p20_us for m, c in zip(medians, timed)], [c.timing.p80_us - m for m, c in zip(medians, timed)]]
+        ax.barh(list(ys), medians, xerr=spread, color=[colours.get(c.status, "tab:blue") for c in timed], capsize=2)
+        ax.set_yticks(list(ys), [f"{c.label} ({c.status})" for c in timed], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("median time per call (us), p20-p80")
+        title = f"autotune {self.name} on {self.device}, {self.dtype}, bucket {self.bucket}"
+        if untimed:
+            title += "\nnot timed: " + "; ".join(f"{c.label} ({c.status})" for c in untimed[:4]) + (
+                f"; {len(untimed) - 4} more" if len(untimed) > 4 else "")
+        ax.set_title(title, fontsize=8)
+        ax.grid(True, axis="x", alpha=0.3)
+        fig.tight_layout()
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            fig.savefig(path, dpi=110)
+        return fig
 
 
 def _phases(phases: Dict[str, float]) -> str:
@@ -135,8 +166,7 @@ def autotune(make: Union[Callable[[Config], Callable[..., Any]], str, Spec],
     if isinstance(make, (str, Spec)):
         card = _Card(make, kernels_dir)
         make, prebuild, name, source = card.make, card.prebuild, card.spec.name, card.source
-        space, reference, inputs = space or card.spec.tune, reference or card.spec.reference, inputs or card.spec.make_inputs
-        shape, dtype = shape or max(card.spec.bench_sizes, key=math.prod), dtype or card.spec.bench_dtype
+        space, reference, inputs, shape, dtype = card.defaults(space, reference, inputs, shape, dtype)
     _required(make, reference, inputs, shape, name)
     dtype = dtype or torch.float32
     configs = configurations(space, constraint)
@@ -208,6 +238,15 @@ class _Card:
         self.spec, self.kernels_dir = found.spec, kernels_dir
         files = [*found.sources(), *filter(None, [found.header(), found.spec_path])]
         self.source = sources.sha256_bytes(*(f.read_bytes() for f in sorted(files)))
+
+    def defaults(self, space, reference, inputs, shape, dtype) -> tuple:
+        """What autotune was not given, from the spec: its tune space, reference, inputs, largest bench size, dtype."""
+        spec = self.spec
+        if not (space or spec.tune):
+            raise ValueError(f"autotune {spec.name}: space: the card's Spec names no tune={{...}} parameters "
+                             "(e.g. tune={'BLOCK': [128, 256, 512]}) and none was given")
+        return (space or spec.tune, reference or spec.reference, inputs or spec.make_inputs,
+                shape or max(spec.bench_sizes, key=math.prod), dtype or spec.bench_dtype)
 
     def _load(self, config: Config, load: bool):
         from ..loading import load as load_card
