@@ -101,7 +101,3 @@ def reference(x):
 def inputs(shape, dtype=None, device=None, generator=None):
     return (torch.randn(shape, dtype=dtype or torch.float32, device=device, generator=generator) * 4,)
 
-
-def moved_bytes(shape) -> int:
-    """The floor's bytes: the row read once and written once (float32)."""
-    return 2 * 4 * shape[0] * shape[1]

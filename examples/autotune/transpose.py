@@ -55,6 +55,3 @@ def reference(x):
 def inputs(shape, dtype=None, device=None, generator=None):
     return (torch.randn(shape, dtype=dtype or torch.float32, device=device, generator=generator),)
 
-
-def moved_bytes(shape) -> int:
-    return 2 * 4 * shape[0] * shape[1]
