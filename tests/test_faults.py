@@ -648,7 +648,8 @@ def _alive(pid: int) -> bool:
 def _running_with(marker: str) -> list:
     """Processes whose command line mentions ``marker``, other than this one."""
     running = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+    for pid in _pids():
+        cmdline = Path("/proc", pid, "cmdline")
         try:
             if marker.encode() in cmdline.read_bytes() and int(cmdline.parent.name) != os.getpid():
                 running.append(cmdline.parent.name)
@@ -657,10 +658,16 @@ def _running_with(marker: str) -> list:
     return running
 
 
+def _pids() -> list:
+    """Process ids under /proc; listed once, because a glob's own stat of an exiting process raises."""
+    return [name for name in os.listdir("/proc") if name.isdigit()]
+
+
 def _running_in_group(pgid: int) -> list:
     """Processes of group ``pgid`` that are not zombies (a container's init may never reap those)."""
     running = []
-    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+    for pid in _pids():
+        stat_file = Path("/proc", pid, "stat")
         try:
             fields = stat_file.read_text().rsplit(")", 1)[1].split()
         except OSError:
