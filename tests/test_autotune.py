@@ -255,8 +255,7 @@ def test_a_cards_space_builds_only_its_cu_and_never_picks_a_wrong_configuration(
                   cu.read_text().replace("return x * x;", "return x * x + (A)(WRONG_BIAS) * (A)(UNUSED - UNUSED + 1);"))
     py.write_text(py.read_text().replace("grad_inputs=())", 'grad_inputs=(), tune={"WRONG_BIAS": [0, 1], "UNUSED": [1, 2]})'))
     before = kernelkit.STATS["compiles"]
-    # one build thread: with two, the counters came out one compile and one link short in 2 of ~12 runs (not understood)
-    result = kernelkit.autotune("kk_tuned", kernels_dir=tmp_path, shape=(4096,), device="cpu", budget_ms=40, workers=1)
+    result = kernelkit.autotune("kk_tuned", kernels_dir=tmp_path, shape=(4096,), device="cpu", budget_ms=40)
     assert kernelkit.STATS["compiles"] - before == 5, (dict(kernelkit.STATS), result.table())  # binding + 4 .cu
     assert result.best["WRONG_BIAS"] == 0
     assert sorted(c.status for c in result.candidates if c.config["WRONG_BIAS"] == 1) == ["wrong", "wrong"]

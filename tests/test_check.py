@@ -251,6 +251,16 @@ def test_both_raised_passes_only_for_the_same_argument_error(ref_error, op_error
     assert res.ok == verdict.startswith("both rejected")
 
 
+def test_an_op_that_raises_where_the_reference_returns_is_marked_raised_and_a_wrong_value_is_not():
+    res = check(_rejecting(MemoryError("launch: too many resources\nsecond line")), torch.neg,
+                inputs=elementwise_inputs(1), dtypes=[torch.float32], shapes=[(7,), (5,)], trials=1)
+    raised = [c for c in res.failures if c.shape == (7,)]
+    wrong = [c for c in res.failures if c.shape == (5,)]
+    assert [c.raised for c in raised] == ["MemoryError"] and raised[0].messages == [
+        "the op raised MemoryError: launch: too many resources"], res.message()
+    assert wrong and all(c.raised is None for c in wrong)
+
+
 @pytest.mark.parametrize("inputs, hint", [
     ([(torch.randn(3), torch.randn(3)), (torch.randn(4), torch.randn(4))], "got list; several argument tuples"),
     (torch.randn(3), "got Tensor; one tensor argument x: inputs=\\(x,\\)"),

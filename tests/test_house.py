@@ -13,6 +13,7 @@ ROOT = Path(kernelkit.__file__).resolve().parent
 #: module (or package prefix) -> layer; a module may import its own layer or lower ones, never a higher one
 LAYERS = [
     ("kernelkit.version", 0), ("kernelkit.errors", 0), ("kernelkit.diagnostics", 0), ("kernelkit.device_output", 0),
+    ("kernelkit.replace_file", 0),
     ("kernelkit.jit.sources", 0), ("kernelkit.jit.progress", 0), ("kernelkit.jit.reaper", 0),
     ("kernelkit.jit.syntax", 0), ("kernelkit.harness.spec", 0),
     ("kernelkit.harness.timing", 0), ("kernelkit.harness.stats", 0), ("kernelkit.harness.guard", 0),

@@ -1,13 +1,16 @@
 """Pieces of the loader that need no compiler: arch lists, diagnostics parsing, include scanning,
 cache gc and the cache CLI."""
+import concurrent.futures
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 import kernelkit
+from kernelkit import replace_file
 from kernelkit.diagnostics import parse_diagnostics
 from kernelkit.errors import BuildError
 from kernelkit.frontends import cli
@@ -189,6 +192,42 @@ def test_uncreatable_cache_dir_names_the_fix_when_a_build_needs_it(tmp_path, mon
     monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "writable"))  # another cache is not blocked by it
     assert cache.require_writable() == tmp_path / "writable" / "v1"
     assert cache.source_bytes(cache.write_source("int g();\n", "g.cpp")) == b"int g();\n"
+
+
+def test_threads_writing_the_same_generated_source_all_write_it(tmp_path, monkeypatch):
+    """Autotune and a card's units plan in threads, so the same generated file is written by several at once:
+    each write goes through a temporary file of its own (a shared one made a thread's rename fail and the text
+    stay unwritten in memory), and nothing is left behind."""
+    monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "c"))
+    for round_ in range(20):
+        text = f"int f{round_}() {{ return {round_}; }}\n"
+        barrier = threading.Barrier(8)
+
+        def write(text=text, barrier=barrier):
+            barrier.wait()
+            return cache.write_source(text, "f.cpp")
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            paths = set(pool.map(lambda _: write(), range(8)))
+        assert len(paths) == 1 and paths.pop().read_text() == text
+        assert not [f for f in cache._UNWRITTEN if f.is_relative_to(tmp_path)], cache._UNWRITTEN
+    assert not [p for p in (tmp_path / "c").rglob("*.tmp")]
+
+
+def test_replace_file_copies_the_mode_and_leaves_nothing_when_it_fails(tmp_path):
+    src = tmp_path / "lib.so"
+    src.write_bytes(b"\x7fELF" + bytes(range(256)) * 64)
+    os.chmod(src, 0o751)
+    replace_file.copy(src, tmp_path / "copy.so")
+    copied = tmp_path / "copy.so"
+    assert copied.read_bytes() == src.read_bytes() and copied.stat().st_mode & 0o777 == 0o751
+    assert copied.stat().st_mtime == src.stat().st_mtime
+    replace_file.write(tmp_path / "record.json", "{}")
+    assert (tmp_path / "record.json").stat().st_mode & 0o777 == 0o600
+    with pytest.raises(FileNotFoundError):
+        replace_file.copy(tmp_path / "missing.so", copied)
+    assert copied.read_bytes() == src.read_bytes()  # the old file stays whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.so", "lib.so", "record.json"]
 
 
 def test_world_writable_cache_root_refused(tmp_path, monkeypatch):

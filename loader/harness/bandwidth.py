@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import platform
 import time
 from pathlib import Path
@@ -10,6 +9,7 @@ from typing import Any, Callable
 
 import torch
 
+from .. import replace_file
 from ..jit.cache import cache_dir
 from .timing import time_fn
 
@@ -53,9 +53,7 @@ def device_bandwidth(device=None, *, refresh: bool = False) -> float:
     known[key] = {"bytes_per_s": bw, "nbytes": nbytes, "median_us": t.median_us, "torch": torch.__version__,
                   "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(known, indent=1))
-    os.replace(tmp, path)  # atomic: concurrent measurers never leave a torn file
+    replace_file.write(path, json.dumps(known, indent=1))  # concurrent measurers never leave a torn file
     return bw
 
 

@@ -86,7 +86,7 @@ def _run_values(plan: _Plan, case: Case, args: tuple, use_out: bool) -> None:
         got = plan.op(*call_args, **kwargs)
         _sync(device)
     except Exception as e:  # noqa: BLE001 - report, do not crash the whole check
-        return case.fail(f"the op raised {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+        return case.op_raised(e)
     for i, g in guards.items():
         msg = g.stray_writes(f"input {i}")
         if msg:
@@ -170,7 +170,7 @@ def _run_seeding(plan: _Plan, case: Case, args: tuple) -> None:
         c = flat_outputs(plan.op(*args))[0]
         _sync(plan.device)
     except Exception as e:  # noqa: BLE001
-        return case.fail(f"the op raised {type(e).__name__}: {e}")
+        return case.op_raised(e)
     if not torch.equal(bits(a), bits(b)):
         case.fail("not reproducible: the same torch.manual_seed gave different samples")
     if a.numel() > 1 and torch.equal(bits(a), bits(c)):

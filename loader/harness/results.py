@@ -40,10 +40,17 @@ class Case:
     compared: int = 0
     messages: List[str] = dataclasses.field(default_factory=list)
     mismatches: List[Mismatch] = dataclasses.field(default_factory=list)
+    #: the exception's type name when the op raised instead of returning (a failed launch, not a wrong value)
+    raised: Optional[str] = None
 
     def fail(self, message: str) -> None:
         self.ok = False
         self.messages.append(message)
+
+    def op_raised(self, error: BaseException) -> None:
+        text = str(error).strip()
+        self.raised = type(error).__name__
+        self.fail(f"the op raised {self.raised}: {text.splitlines()[0] if text else ''}")
 
     def title(self) -> str:
         return (f"{self.kind} {dtype_name(self.dtype)} shape {report.fmt_shape(self.shape)} {self.layout}"

@@ -316,7 +316,7 @@ def _checked(make, configs, reference, inputs, shapes, dtype, device, trials, rt
                     bad = result.failures[0] if result.failures else None
                     reason = bad.messages[0] if bad and bad.messages else result.status
                     # a launch that fails (too many resources, ...) is the configuration's failure, not a wrong value
-                    candidate.status, op = "failed" if reason.startswith("the op raised") else "wrong", None
+                    candidate.status, op = "failed" if bad and bad.raised else "wrong", None
                     candidate.reason = f"{bad.title()}: {reason}" if bad and bad.messages else reason
             except Exception as e:  # noqa: BLE001 - a launch error, too many resources, ...
                 candidate.status, candidate.reason, op = "failed", f"{type(e).__name__}: {e}".splitlines()[0], None

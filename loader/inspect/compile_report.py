@@ -8,6 +8,7 @@ are remembered in ``cache_dir()/reports/`` so a report shows the change against 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import difflib
 import hashlib
@@ -19,6 +20,7 @@ import threading
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from .. import replace_file
 from ..errors import KernelkitError
 from . import occupancy as _occupancy
 from . import resources, tools
@@ -135,12 +137,8 @@ def _remember(t: _Target, rows: List[KernelRow]) -> Optional[dict]:
             state = {"current": entry, "previous": previous}
         _HISTORY[t.name] = state
         if path is not None:
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            try:
-                tmp.write_text(json.dumps(state))
-                os.replace(tmp, path)
-            except OSError:  # the report still works; only the next process loses the comparison
-                pass
+            with contextlib.suppress(OSError):  # the report still works; only the next process loses the comparison
+                replace_file.write(path, json.dumps(state))
     return previous if isinstance(previous, dict) else None
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 import threading
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from .. import replace_file
 from ..errors import CacheSecurityError
 from ..jit import cache, keys
 from ..jit.library import import_extension
@@ -61,10 +61,8 @@ def _built() -> Path:
     from ..jit import obtain  # planning and building: a cold start only
 
     so, _, _ = obtain.obtain(target())
-    tmp = _record().with_suffix(f".{os.getpid()}.tmp")
     with contextlib.suppress(OSError):  # without a record the next start plans again: slower, still right
-        tmp.write_text(json.dumps({"so": str(so), "sha256": sha256_file(so)}))
-        os.replace(tmp, _record())
+        replace_file.write(_record(), json.dumps({"so": str(so), "sha256": sha256_file(so)}))
     return so
 
 

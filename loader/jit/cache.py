@@ -30,10 +30,12 @@ import os
 import shutil
 import stat
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
 
+from .. import replace_file
 from ..errors import CacheSecurityError, CacheUnwritable, LockTimeout
 from .sources import sha256_bytes, sha256_file
 
@@ -77,24 +79,26 @@ def cache_dir() -> Path:
 
 
 _UNCREATED: Dict[Path, CacheUnwritable] = {}
+_PENDING_LOCK = threading.Lock()
 
 
 def require_writable() -> Path:
     """The cache directory, for a build: raises the reason it or a subdirectory could not be created, if one
     could not, and writes the generated sources a read-only cache left in memory (or raises why it cannot)."""
     path = cache_dir()
-    for d, error in [(d, e) for d, e in _UNCREATED.items() if d == path or d.parent == path]:
-        if not d.is_dir():
-            if d == path:
-                raise error
-            subdir(d.name)
+    with _PENDING_LOCK:  # builds run in threads (autotune, a card's units): one of them writes what is pending
+        for d, error in [(d, e) for d, e in _UNCREATED.items() if d == path or d.parent == path]:
             if not d.is_dir():
-                raise error
-        del _UNCREATED[d]
-    for source, data in [(f, b) for f, b in _UNWRITTEN.items() if f.is_relative_to(path)]:
-        if not _holds(source, data):
-            _write_source(source, data)
-        del _UNWRITTEN[source]
+                if d == path:
+                    raise error
+                subdir(d.name)
+                if not d.is_dir():
+                    raise error
+            del _UNCREATED[d]
+        for source, data in [(f, b) for f, b in _UNWRITTEN.items() if f.is_relative_to(path)]:
+            if not _holds(source, data):
+                _write_source(source, data)
+            del _UNWRITTEN[source]
     return path
 
 
@@ -388,12 +392,7 @@ def _write_source(path: Path, data: bytes) -> None:
     with writing(d):
         subdir("src")
         d.mkdir(exist_ok=True, mode=0o700)
-        tmp = d / f".{path.name}.{os.getpid()}.tmp"
-        try:
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        replace_file.write(path, data)
 
 
 def source_bytes(path: Path) -> bytes:
@@ -523,9 +522,7 @@ def _publish_small(final: Path, text: str) -> None:
     """Write a small record all at once (readers see the old or the new text); best effort."""
     with contextlib.suppress(OSError, CacheUnwritable):
         with writing(final):
-            tmp = Path(tempfile.mkstemp(prefix=".record-", dir=final.parent)[1])
-            tmp.write_text(text)
-            publish_file(tmp, final)
+            replace_file.write(final, text)
 
 
 def _remove_dangling_shapes() -> None:
@@ -900,7 +897,7 @@ def _source_paths() -> List[Path]:
     out = []
     for d in subdir("src").iterdir():
         with contextlib.suppress(OSError):  # removed by a gc or clear meanwhile, or not a dir
-            out += [f for f in d.iterdir() if not f.name.startswith(".")]  # .name.pid.tmp: a write in progress
+            out += [f for f in d.iterdir() if not f.name.startswith(".")]  # .name.XXXX.tmp: a write in progress
     return sorted(out)
 
 

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from .. import replace_file
 from ..errors import BuildError, KernelkitError
 from ..instant import signature
 from . import cache, keys, sources
@@ -90,10 +91,8 @@ def _facts() -> dict:
     include = _find_cuda_include(int(major))
     facts = {"version": [int(major), int(minor)], "include": str(include) if include else None,
              "files": {f: _identity(f) for f in _upgraded_files(include)}}
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
     with contextlib.suppress(OSError):  # a read-only cache: found again next time
-        tmp.write_text(json.dumps(facts))
-        os.replace(tmp, path)
+        replace_file.write(path, json.dumps(facts))
     return facts
 
 

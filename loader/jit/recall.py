@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Set
 
+from .. import replace_file
 from ..errors import CacheSecurityError
 from . import build as _build
 from . import cache, keys, sources, syntax, toolchain
@@ -150,13 +151,8 @@ def remember(call: str, target: _build.Target, started: float) -> None:
 
 
 def _write(path: Path, record: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(record))
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        replace_file.write(path, json.dumps(record))
 
 
 def defined_namespaces(target: _build.Target) -> List[str]:

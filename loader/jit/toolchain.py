@@ -2,6 +2,7 @@
 not a source file. Identities are cheap (stat, no process spawned) so a warm load never runs a compiler."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -14,6 +15,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from .. import replace_file
 from ..errors import KernelkitError
 from ..version import __version__
 from . import cache
@@ -264,12 +266,8 @@ def facts() -> Dict[str, object]:
             and _same_toolkit(stored["cuda_home"])):
         return stored
     found = _compute_facts()
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(found))
-        os.replace(tmp, path)
-    except OSError:  # a read-only cache still works, just slower
-        pass
+    with contextlib.suppress(OSError):  # a read-only cache still works, just slower
+        replace_file.write(path, json.dumps(found))
     return found
 
 

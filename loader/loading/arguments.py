@@ -3,6 +3,7 @@ torch installed (torch 2.8 inserted the SYCL parameters), plus kernelkit's keywo
 flags (each stripped, then split the way the shell of torch's ninja build splits a command line)."""
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import inspect
@@ -11,6 +12,8 @@ import os
 import shlex
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .. import replace_file
 
 #: kernelkit's own keywords, beside torch's
 KERNELKIT_KEYWORDS = {
@@ -62,12 +65,8 @@ def _recorded_orders() -> Dict[str, Tuple[str, ...]]:
     from torch.utils import cpp_extension
 
     orders = {f: _order(cpp_extension, f) for f in ("load", "load_inline")}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(orders))
-        os.replace(tmp, path)
-    except OSError:  # a read-only cache: the next process imports the module again
-        tmp.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # a read-only cache: the next process imports the module again
+        replace_file.write(path, json.dumps(orders))
     return orders
 
 

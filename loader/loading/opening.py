@@ -21,6 +21,7 @@ from typing import Dict, Iterator, Optional
 
 import torch
 
+from .. import replace_file
 from ..errors import KernelkitError
 from ..jit import build as _build
 from ..jit import cache, obtain, recall, registry
@@ -227,9 +228,7 @@ def _copy_into(build_directory, target: _build.Target, so: Path) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     final = d / (target.name if target.standalone else f"{target.name}.so")
     if not _same_copy(so, final):  # a warm load must not copy a large library again on every call
-        tmp = d / f".{final.name}.{os.getpid()}.tmp"
-        shutil.copy2(so, tmp)
-        os.replace(tmp, final)
+        replace_file.copy(so, final)
     for u in target.units:
         if u.path.parent.parent == cache.subdir("src") and not _same_copy(u.path, d / u.path.name):
             shutil.copy2(u.path, d / u.path.name)  # a generated main.cpp / cuda.cu
