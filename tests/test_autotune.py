@@ -243,6 +243,73 @@ def test_gpu_tuning_an_instant_kernel_and_a_second_process_takes_the_winner(tmp_
     assert out.strip() == str(result.best)
 
 
+class Sized(Kernels):
+    """Kernels whose fake speed depends on the call's size too, so that buckets have different winners."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes = []
+
+    def make(self, config):
+        op = super().make(config)
+
+        def sized(x):
+            self.sizes.append(x.shape[0])
+            return op(x)
+        return sized
+
+    def timer(self, cost):
+        def timed(fns, budget_ms):
+            out = {}
+            for name, fn in fns.items():
+                self.called.clear()
+                fn()
+                us = cost(self.called[-1], self.sizes[-1])
+                out[name] = Timing.from_samples([us * (1 + 0.01 * (i % 3)) for i in range(9)], "fake")
+            return out
+        return timed
+
+
+def _tuned_op(kernels, cost):
+    return tune.tuned(kernels.make, {"block": [64, 256], "tail": [True, False]}, name="scale2_tuned",
+                      reference=reference, inputs=make_inputs, timer=kernels.timer(cost))
+
+
+def test_a_tuned_op_runs_each_buckets_winner_and_a_new_one_recalls_them_without_timing():
+    def cost(config, size):  # block 64 wins below 2000 elements, 256 above; tail=False is fastest, and wrong
+        return (1 if (config["block"] == 64) == (size < 2000) else 2) * (1 if config["tail"] else 0.5)
+
+    k = Sized()
+    op = _tuned_op(k, cost)
+    small, large = torch.randn(1000), torch.randn(3000)
+    assert torch.equal(op(small), small * 2)
+    assert k.called[-1] == {"block": 64, "tail": True} and len(k.built) == 5  # 4 configurations + the winner's op
+    k.built.clear()
+    odd = torch.randn(1023)
+    assert torch.equal(op(odd), odd * 2)
+    assert k.built == [] and k.called[-1] == {"block": 64, "tail": True}  # same bucket (1024): no tuning
+    assert torch.equal(op(large), large * 2)
+    assert k.called[-1] == {"block": 256, "tail": True}  # bucket 4096 has its own winner
+    assert op.config(large) == {"block": 256, "tail": True} and op.config(small) == {"block": 64, "tail": True}
+    assert all(c.status == "wrong" for r in op.results.values() for c in r.candidates if not c.config["tail"])
+    again = Sized()
+    fresh = _tuned_op(again, lambda config, size: pytest.fail("a stored winner is not timed again"))
+    assert torch.equal(fresh(large), large * 2) and again.built == [{"block": 256, "tail": True}]
+    assert all(r.from_cache for r in fresh.results.values())
+
+
+def test_a_tuned_op_refuses_what_it_cannot_pick_by():
+    k = Kernels()
+    op = tune.tuned(k.make, {"block": [64]}, name="scale2_tuned", reference=reference, inputs=make_inputs)
+    with pytest.raises(TypeError, match="scale2_tuned: expected a tensor among the positional arguments .*got int, float"):
+        op(3, 1.5)
+    with pytest.raises(TypeError, match="shape: taken from each call"):
+        tune.tuned(k.make, {"block": [64]}, name="x", reference=reference, inputs=make_inputs, shape=(4,))
+    with pytest.raises(ValueError, match="space"):
+        tune.tuned(k.make, {"block": []}, name="x", reference=reference, inputs=make_inputs)
+    assert k.built == []
+
+
 @pytest.mark.cuda_build
 def test_a_cards_space_builds_only_its_cu_and_never_picks_a_wrong_configuration(tmp_path):
     """A card from ``kernelkit new`` with two parameters in ``Spec.tune``, as -D flags of its .cu: the binding

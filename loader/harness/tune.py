@@ -20,6 +20,7 @@ import dataclasses
 import itertools
 import math
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -362,6 +363,68 @@ def stored(name: str, source: str, shape: Sequence[int], dtype: torch.dtype = to
     record = cache.tune_record(_record_key(name, source, device, dtype, shape, bucket)[0])
     return record.get("best") if record else None
 
+
+
+class Tuned:
+    """An op that runs, on each call, the winner for the call's device, dtype and shape bucket (of the first
+    tensor argument's shape), as ``triton.autotune``'s kernels do: a bucket met for the first time is tuned
+    with :func:`autotune` at the call's shape, or takes the winner stored by an earlier process (nothing built
+    but it, nothing timed); later calls in that bucket cost a dictionary lookup. Made by :func:`tuned`."""
+
+    def __init__(self, make: Callable[[Config], Callable[..., Any]], space: Mapping[str, Sequence[Any]],
+                 name: str, bucket: Optional[Callable[[Sequence[int]], Any]], tune_kw: Dict[str, Any]):
+        self.name, self._make, self._space, self._bucket = name, make, space, bucket or shape_bucket
+        self._tune_kw = tune_kw
+        self._ops: Dict[tuple, Callable[..., Any]] = {}
+        #: (device, dtype, bucket) -> the TuneResult that chose its winner
+        self.results: Dict[tuple, TuneResult] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        key = self._key(args)
+        op = self._ops.get(key)
+        if op is None:
+            op = self._tuned(key, args[self._first_tensor(args)])
+        return op(*args, **kwargs)
+
+    def config(self, *args: Any) -> Config:
+        """The configuration a call with these arguments runs (tuned or recalled now if need be)."""
+        key = self._key(args)
+        if key not in self.results:
+            self._tuned(key, args[self._first_tensor(args)])
+        return dict(self.results[key].best)
+
+    def _first_tensor(self, args: tuple) -> int:
+        index = next((i for i, a in enumerate(args) if isinstance(a, torch.Tensor)), None)
+        if index is None:
+            raise TypeError(f"{self.name}: expected a tensor among the positional arguments (its shape, dtype and "
+                            f"device pick the configuration), got {', '.join(type(a).__name__ for a in args) or 'none'}")
+        return index
+
+    def _key(self, args: tuple) -> tuple:
+        x = args[self._first_tensor(args)]
+        return x.device, x.dtype, repr(self._bucket(tuple(x.shape)))
+
+    def _tuned(self, key: tuple, x: torch.Tensor) -> Callable[..., Any]:
+        with self._lock:  # one tuning per bucket, however many threads call at once
+            if key not in self._ops:
+                result = autotune(self._make, self._space, name=self.name, shape=tuple(x.shape), dtype=x.dtype,
+                                  device=x.device, bucket=self._bucket, **self._tune_kw)
+                self.results[key], self._ops[key] = result, self._make(dict(result.best))
+            return self._ops[key]
+
+
+def tuned(make: Callable[[Config], Callable[..., Any]], space: Mapping[str, Sequence[Any]], *, name: str,
+          reference: Callable[..., Any], inputs: Callable[..., tuple], source: str = "",
+          bucket: Optional[Callable[[Sequence[int]], Any]] = None, **tune_kw: Any) -> Tuned:
+    """``make``'s configurations as one op that picks, per call, the winner for the call's shape bucket
+    (:class:`Tuned`). The arguments are :func:`autotune`'s; the shape, dtype and device come from each call."""
+    for given in ("shape", "dtype", "device"):
+        if given in tune_kw:
+            raise TypeError(f"tuned {name}: {given}: taken from each call's first tensor argument, not given")
+    _required(make, reference, inputs, (), name)
+    configurations(space, tune_kw.get("constraint"))  # a bad space fails here, not at the first call
+    return Tuned(make, space, name, bucket, dict(tune_kw, reference=reference, inputs=inputs, source=source))
 
 
 @dataclasses.dataclass
