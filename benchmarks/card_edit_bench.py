@@ -1,6 +1,7 @@
-"""A card's math edit -> usable op, in one live process: the layout ``kernelkit new`` writes (the functors in the
-``.cu``, which also compiles their CPU loop) against the layout cards had before (the functors in the header the
-torch-facing binding includes), side by side in one run, each with its own fresh cache.
+"""A card's math edit -> usable op, in one live process: the layout ``kernelkit new`` writes (the functors in
+``<card>_math.h``, compiled for CUDA by the ``.cu`` and for the CPU by ``<card>_cpu.cpp``) against the layout
+before it (the functors in the ``.cu``, which also compiles their CPU loop), side by side in one run, each with
+its own fresh cache.
 
 Each edit changes the EDIT line of a unary card with a backward, loads it again and calls the op until it gives
 the new math: on the CPU, and on CUDA when a GPU is visible. Usage:
@@ -27,15 +28,18 @@ from kernelkit.jit import build
 
 layout, d, edits = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 files = scaffold.card_files("bench_cube", "unary", backward=True)
-cu, h = files["bench_cube.cu"], files["bench_cube.h"]
-if layout == "header":  # the functors where the binding sees them, the .cu with its launcher lines only
-    start, end = cu.index("namespace kk {"), cu.index("KK_UNARY_LAUNCHER")
-    h = h.replace("#pragma once\n", "#pragma once\n#include <kernelkit/elementwise.h>\n" + cu[start:end], 1)
-    cu = "#include <kernelkit/elementwise.cuh>\n#include \"bench_cube.h\"\n" + cu[end:]
-(d / "bench_cube.cu").write_text(cu)
-(d / "bench_cube.h").write_text(h)
-(d / "bench_cube.py").write_text(files["bench_cube.py"])
-math_file = d / ("bench_cube.cu" if layout == "cu" else "bench_cube.h")
+if layout == "cu":  # the functors in the .cu, which compiles their CUDA launchers and CPU loops
+    math = files.pop("bench_cube_math.h").replace("KK_MATH_FN", "KK_HD")
+    math = math[math.index("namespace kk {"):]
+    files.pop("bench_cube_cpu.cpp")
+    files["bench_cube.cu"] = ("#include <kernelkit/elementwise.cuh>\n" + math +
+                              "KK_UNARY_LAUNCHER(kk::BenchCubeOp)\nKK_BINARY_LAUNCHER(kk::BenchCubeBackwardOp)\n")
+    spec = files["bench_cube.py"]
+    files["bench_cube.py"] = spec.replace(spec[spec.index(",\n                      sources="):spec.index(")  # EDIT: shapes")], "")
+for name, text in files.items():
+    if not name.startswith("test_"):
+        (d / name).write_text(text)
+math_file = d / ("bench_cube.cu" if layout == "cu" else "bench_cube_math.h")
 devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
@@ -89,11 +93,12 @@ def main() -> int:
     ap.add_argument("--edits", type=int, default=3)
     ap.add_argument("--json")
     args = ap.parse_args()
-    results = {layout: run(layout, args.edits) for layout in ("cu", "header")}
+    results = {layout: run(layout, args.edits) for layout in ("apart", "cu")}
     print(f"machine: {machine()}")
     print("| layout | cold build -> usable | math edit -> usable (median) | compiles per edit |")
     print("|---|---|---|---|")
-    for layout, name in (("cu", "functors in the .cu (kernelkit new)"), ("header", "functors in the binding's header")):
+    for layout, name in (("apart", "math apart: _math.h, .cu, _cpu.cpp (kernelkit new)"),
+                         ("cu", "functors in the .cu, which compiles the CPU loops too")):
         r = results[layout]
         print(f"| {name} | {r['cold']:.1f} s | {statistics.median(r['edits']):.2f} s | {max(r['compiles'])} |")
     if args.json:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import kernelkit
+from kernelkit.frontends import scaffold
 from kernelkit.harness import tune
 from kernelkit.harness.timing import Timing
 
@@ -312,15 +313,21 @@ def test_a_tuned_op_refuses_what_it_cannot_pick_by():
 
 @pytest.mark.cuda_build
 def test_a_cards_space_builds_only_its_cu_and_never_picks_a_wrong_configuration(tmp_path):
-    """A card from ``kernelkit new`` with two parameters in ``Spec.tune``, as -D flags of its .cu: the binding
-    is built once, every configuration's .cu once, WRONG_BIAS=1 is rejected by the check, and
-    the winner is stored for the card's content (an edit of the card tunes again)."""
-    subprocess.run([sys.executable, "-m", "kernelkit", "new", "kk_tuned", "--dir", str(tmp_path)], check=True,
-                   capture_output=True)
+    """A card from ``kernelkit new`` with two parameters in ``Spec.tune``, as -D flags of its .cu (which here also
+    compiles the CPU loop, so that the parameters reach the CPU op): the binding is built once, every
+    configuration's .cu once, WRONG_BIAS=1 is rejected by the check, and the winner is stored for the card's
+    content (an edit of the card tunes again)."""
+    files = scaffold.card_files("kk_tuned", "unary")
+    math = files["kk_tuned_math.h"].replace("KK_MATH_FN", "KK_HD")
     cu, py = tmp_path / "kk_tuned.cu", tmp_path / "kk_tuned.py"
-    cu.write_text("#ifndef WRONG_BIAS\n#define WRONG_BIAS 0\n#endif\n" +
-                  cu.read_text().replace("return x * x;", "return x * x + (A)(WRONG_BIAS) * (A)(UNUSED - UNUSED + 1);"))
-    py.write_text(py.read_text().replace("grad_inputs=())", 'grad_inputs=(), tune={"WRONG_BIAS": [0, 1], "UNUSED": [1, 2]})'))
+    cu.write_text("#ifndef WRONG_BIAS\n#define WRONG_BIAS 0\n#endif\n#include <kernelkit/elementwise.cuh>\n" +
+                  math[math.index("namespace kk {"):].replace(
+                      "return x * x;", "return x * x + (A)(WRONG_BIAS) * (A)(UNUSED - UNUSED + 1);") +
+                  "KK_UNARY_LAUNCHER(kk::KkTunedOp);\n")
+    (tmp_path / "kk_tuned.h").write_text(files["kk_tuned.h"])
+    spec = files["kk_tuned.py"]
+    py.write_text(spec.replace(spec[spec.index(",\n                      sources="):spec.index(")  # EDIT: shapes")],
+                               ', tune={"WRONG_BIAS": [0, 1], "UNUSED": [1, 2]}'))
     before = kernelkit.STATS["compiles"]
     result = kernelkit.autotune("kk_tuned", kernels_dir=tmp_path, shape=(4096,), device="cpu", budget_ms=40)
     assert kernelkit.STATS["compiles"] - before == 5, (dict(kernelkit.STATS), result.table())  # binding + 4 .cu

@@ -11,7 +11,7 @@ import pytest
 
 import kernelkit
 from kernelkit.errors import SourcesChanged
-from kernelkit.jit import build, cache, keys, split, syntax
+from kernelkit.jit import build, cache, keys, sources, split, syntax
 
 CORPUS = Path(__file__).parent / "fixtures" / "torch_cu"
 
@@ -57,6 +57,12 @@ def test_any_other_edit_changes_the_host_shape(old, new):
     assert edited != KERNEL and _shape(edited) != _shape(KERNEL)
 
 
+def test_an_edit_of_a_constexpr_device_body_changes_the_host_shape():
+    """With --expt-relaxed-constexpr (torch's flags, kernelkit's) host code may call it, at run or compile time."""
+    text = KERNEL.replace("__device__ float twice", "__device__ constexpr float twice")
+    assert _shape(text) is not None and _shape(text.replace("2.0f * x", "3.0f * x")) != _shape(text)
+
+
 def test_flags_and_headers_are_part_of_the_shape(tmp_path):
     header = tmp_path / "helpers.cuh"
     header.write_text("__device__ float h(float x) { return x; }\ninline int host_side() { return 1; }\n")
@@ -66,6 +72,24 @@ def test_flags_and_headers_are_part_of_the_shape(tmp_path):
     header.write_text("__device__ float h(float x) { return -x; }\ninline int host_side() { return 2; }\n")
     assert _shape(KERNEL, deps=[header], roots=[tmp_path]) != base
     assert _shape(KERNEL, flags=("-O2",)) != _shape(KERNEL)
+
+
+def test_kernelkits_own_headers_count_whole_and_declare_no_device_variable_template(tmp_path):
+    """They are beyond the grammar as written (their qualifier macros), so a shape takes them whole; that is
+    right only while none declares a device variable template (a body's use of one registers it on the host
+    side), which their text with the macros expanded shows."""
+    own = sorted(p for p in sources.INCLUDE.rglob("*") if p.is_file())
+    assert len(own) >= 8
+    for header in own:
+        text = header.read_text()
+        for macro, expansion in (("KK_HD", "__host__ __device__ __forceinline__"),
+                                 ("KK_DEVICE", "__device__ __forceinline__"), ("KK_MATH_FN", "__device__")):
+            text = text.replace(macro, expansion)
+        assert syntax.device_only_bodies(text) is not None, header
+    assert _shape(KERNEL, deps=own) is not None and _shape(KERNEL, deps=own) != _shape(KERNEL)
+    theirs = tmp_path / "theirs.cuh"
+    theirs.write_text((sources.INCLUDE / "kernelkit" / "dtype.cuh").read_text())
+    assert _shape(KERNEL, deps=[theirs], roots=[tmp_path]) is None  # the same text elsewhere: not trusted
 
 
 @pytest.mark.parametrize("flags", [["-rdc=true"], ["-dc"], ["--relocatable-device-code", "true"]])
@@ -83,6 +107,10 @@ def test_relocatable_device_code_has_no_shape(flags):
     ("namespace { __device__ __forceinline__ float f(float x) { return x; } }", 1),
     ("struct S { __device__ float d() const { return 1.f; } float h() const { return 2.f; } };", 1),
     ("static __global__ void __launch_bounds__(256) k(float* y) { y[0] = 1; }", 1),
+    ("__device__ constexpr int f() { return 3; }", 0),  # host code may call it (--expt-relaxed-constexpr)
+    ("constexpr __device__ int f() { return 3; }", 0),
+    ("template <typename A> struct Op { KK_MATH_FN A operator()(A x) const { return x * x; } };", 1),
+    ("// KK_MATH_FN in a comment\n__device__ float f(float x) { return x; }", 1),
 ])
 def test_device_only_bodies(text, bodies):
     assert len(syntax.device_only_bodies(text)) == bodies
@@ -91,6 +119,9 @@ def test_device_only_bodies(text, bodies):
 @pytest.mark.parametrize("text", [
     "template <typename T> __device__ T table[4];\n__global__ void k(float* y) { y[0] = table<float>[0]; }",
     "__global__ void k( { }\nvoid host() {}",  # the grammar's recovery could take host code for a body
+    # KK_MATH_FN is __device__ only as kernelkit defines it
+    "#define KK_MATH_FN __host__ __device__\nstruct Op { KK_MATH_FN float operator()(float x) const { return x; } };",
+    "#undef KK_MATH_FN\nstruct Op { KK_MATH_FN float operator()(float x) const { return x; } };",
 ])
 def test_no_shape_where_a_body_may_reach_the_host_side(text):
     assert syntax.device_only_bodies(text) is None

@@ -24,27 +24,43 @@ wchar_t while xor xor_eq""".split())
 
 # ---- templates: $name is the card, $Name its CamelCase, $ns its namespace of helpers (kk) ----------------
 
-_UNARY_CU = """\
-// $name: the math (EDIT) for CUDA and the CPU; an edit recompiles this file alone, not $name.h's binding.
-#include <kernelkit/elementwise.cuh>
+_UNARY_MATH = """\
+// $name: the math (EDIT), compiled for CUDA by $name.cu and for the CPU by ${name}_cpu.cpp. An edit rebuilds
+// the kernels' device code and the CPU loop only: never the host side of $name.cu, nor $name.h's binding.
+#pragma once
+#include <kernelkit/dtype.cuh>
 
 namespace kk {
 template <typename A> struct ${Name}Op {  // A: float (also for float16/bfloat16) or double
-  KK_HD A operator()(A x) const { return x * x; }  // EDIT: f(x)
+  KK_MATH_FN A operator()(A x) const { return x * x; }  // EDIT: f(x)
 };
 $backward_functor}  // namespace kk
+"""
 
-KK_UNARY_LAUNCHER(kk::${Name}Op)
+_UNARY_CU = """\
+// $name: the CUDA launchers of its math (${name}_math.h), for float, double, float16 and bfloat16.
+#include <kernelkit/elementwise.cuh>
+#include "${name}_math.h"
+
+KK_UNARY_CUDA_LAUNCHER(kk::${Name}Op);
 $backward_launcher"""
 
+_UNARY_CPU = """\
+// $name: the CPU loops of its math (${name}_math.h), compiled by the host compiler.
+#include <kernelkit/elementwise_cpu.h>
+#include "${name}_math.h"
+
+KK_UNARY_CPU_LOOP(kk::${Name}Op);
+$backward_loop"""
+
 _UNARY_H = """\
-// $name: out = f(x) elementwise, the torch-facing op (its math is in $name.cu).
+// $name: out = f(x) elementwise, the torch-facing op (its math is in ${name}_math.h).
 #pragma once
 
 #ifdef KERNELKIT_BINDING
 #include <kernelkit/torch_glue.h>
 namespace kk {
-template <typename A> struct ${Name}Op;  // defined in $name.cu: the binding needs its name only
+template <typename A> struct ${Name}Op;  // defined in ${name}_math.h: the binding needs its name only
 ${backward_declaration}inline at::Tensor $name(const at::Tensor& x) { return unary_elementwise<${Name}Op>("$name", x, "x"); }
 $backward_fn}  // namespace kk
 KERNELKIT_LIBRARY(m) {
@@ -57,10 +73,11 @@ $backward_reg}
 _UNARY_NO_BACKWARD = {"backward_reg": "  kk::impl_autograd<kk::NoGrad>(m, \"$name\");  // no backward: refuse requires_grad\n"}
 
 _UNARY_BACKWARD = {
-    "backward_launcher": "KK_BINARY_LAUNCHER(kk::${Name}BackwardOp)\n",
+    "backward_launcher": "KK_BINARY_CUDA_LAUNCHER(kk::${Name}BackwardOp);\n",
+    "backward_loop": "KK_BINARY_CPU_LOOP(kk::${Name}BackwardOp);\n",
     "backward_functor": """\
 template <typename A> struct ${Name}BackwardOp {
-  KK_HD A operator()(A g, A x) const { return g * A(2) * x; }  // EDIT: grad * f'(x), for ${name}_backward
+  KK_MATH_FN A operator()(A g, A x) const { return g * A(2) * x; }  // EDIT: grad * f'(x), for ${name}_backward
 };
 """,
     "backward_declaration": "template <typename A> struct ${Name}BackwardOp;\n",
@@ -76,27 +93,43 @@ inline at::Tensor ${name}_backward(const at::Tensor& grad, const at::Tensor& x) 
 """,
 }
 
-_BINARY_CU = """\
-// $name: the math (EDIT) for CUDA and the CPU; an edit recompiles this file alone, not $name.h's binding.
-#include <kernelkit/elementwise.cuh>
+_BINARY_MATH = """\
+// $name: the math (EDIT), compiled for CUDA by $name.cu and for the CPU by ${name}_cpu.cpp. An edit rebuilds
+// the kernels' device code and the CPU loop only: never the host side of $name.cu, nor $name.h's binding.
+#pragma once
+#include <kernelkit/dtype.cuh>
 
 namespace kk {
 template <typename A> struct ${Name}Op {  // A: float (also for float16/bfloat16) or double
-  KK_HD A operator()(A a, A b) const { return a + A(2) * b; }  // EDIT: f(a, b)
+  KK_MATH_FN A operator()(A a, A b) const { return a + A(2) * b; }  // EDIT: f(a, b)
 };
 }  // namespace kk
+"""
 
-KK_BINARY_LAUNCHER(kk::${Name}Op)
+_BINARY_CU = """\
+// $name: the CUDA launchers of its math (${name}_math.h), for float, double, float16 and bfloat16.
+#include <kernelkit/elementwise.cuh>
+#include "${name}_math.h"
+
+KK_BINARY_CUDA_LAUNCHER(kk::${Name}Op);
+"""
+
+_BINARY_CPU = """\
+// $name: the CPU loops of its math (${name}_math.h), compiled by the host compiler.
+#include <kernelkit/elementwise_cpu.h>
+#include "${name}_math.h"
+
+KK_BINARY_CPU_LOOP(kk::${Name}Op);
 """
 
 _BINARY_H = """\
-// $name: out = f(a, b) elementwise, broadcasting like torch, the torch-facing op (its math is in $name.cu).
+// $name: out = f(a, b) elementwise, broadcasting like torch, the torch-facing op (its math is in ${name}_math.h).
 #pragma once
 
 #ifdef KERNELKIT_BINDING
 #include <kernelkit/torch_glue.h>
 namespace kk {
-template <typename A> struct ${Name}Op;  // defined in $name.cu: the binding needs its name only
+template <typename A> struct ${Name}Op;  // defined in ${name}_math.h: the binding needs its name only
 inline at::Tensor $name(const at::Tensor& a, const at::Tensor& b) {
   return binary_elementwise<${Name}Op>("$name", a, "a", b, "b");
 }
@@ -190,7 +223,7 @@ def reference($params):
 
 
 SPEC = kernelkit.Spec(name="$name", reference=reference, make_inputs=cardkit.elementwise_inputs($n_inputs),
-                      grad_inputs=$grad_inputs)  # EDIT: shapes=, bench_sizes=, tolerances=, ... (kernelkit.Spec)
+                      grad_inputs=$grad_inputs$sources)  # EDIT: shapes=, bench_sizes=, tolerances=, ... (kernelkit.Spec)
 
 
 def setup(lib):  # fake kernels (output shapes for torch.compile)
@@ -249,25 +282,31 @@ def card_files(name: str, kind: str = "unary", backward: bool = False) -> Dict[s
                              "kernels/elementwise_mul.h for a binary one)")
     camel = "".join(part[:1].upper() + part[1:] for part in name.split("_")) or name
     subs = {"name": name, "Name": camel, "NAME": name.upper()}
+    apart = f',\n                      sources=["{name}.cu", "{name}_cpu.cpp"]'  # the math's CUDA and CPU files
     if kind == "unary":
         parts = {k: Template(v).substitute(subs) if backward else "" for k, v in _UNARY_BACKWARD.items()}
         if not backward:
             parts["backward_reg"] = Template(_UNARY_NO_BACKWARD["backward_reg"]).substitute(subs)
-        cu, h = Template(_UNARY_CU).substitute(subs, **parts), Template(_UNARY_H).substitute(subs, **parts)
+        files = {f"{name}_math.h": _UNARY_MATH, f"{name}.cu": _UNARY_CU, f"{name}_cpu.cpp": _UNARY_CPU,
+                 f"{name}.h": _UNARY_H}
         fakes = f'cardkit.register_elementwise_fakes(lib, "{name}"' + (f', "{name}_backward")' if backward else ")")
-        spec = dict(params="x", reference="x * x", n_inputs=1, grad_inputs="(0,)" if backward else "()", fakes=fakes)
+        spec = dict(params="x", reference="x * x", n_inputs=1, grad_inputs="(0,)" if backward else "()", fakes=fakes,
+                    sources=apart)
     elif kind == "binary":
-        cu, h = Template(_BINARY_CU).substitute(subs), Template(_BINARY_H).substitute(subs)
+        parts = {}
+        files = {f"{name}_math.h": _BINARY_MATH, f"{name}.cu": _BINARY_CU, f"{name}_cpu.cpp": _BINARY_CPU,
+                 f"{name}.h": _BINARY_H}
         spec = dict(params="a, b", reference="a + 2 * b", n_inputs=2, grad_inputs="()",
-                    fakes=f'cardkit.register_elementwise_fakes(lib, "{name}")')
+                    fakes=f'cardkit.register_elementwise_fakes(lib, "{name}")', sources=apart)
     else:
-        cu, h = Template(_CUSTOM_CU).substitute(subs), Template(_CUSTOM_H).substitute(subs)
+        parts, files = {}, {f"{name}.cu": _CUSTOM_CU, f"{name}.h": _CUSTOM_H}
         spec = dict(params="x", reference="2 * x", n_inputs=1, grad_inputs="()",
-                    fakes=Template(_CUSTOM_FAKE).substitute(subs))
+                    fakes=Template(_CUSTOM_FAKE).substitute(subs), sources="")
+    out = {f: Template(t).substitute(subs, **parts) for f, t in files.items()}
     py = Template(_SPEC_PY).substitute(subs, **spec)
     if kind == "custom":
         py = py.replace("import kernelkit\n", "import torch\n\nimport kernelkit\n", 1)
-    return {f"{name}.cu": cu, f"{name}.h": h, f"{name}.py": py, f"test_{name}.py": Template(_TEST_PY).substitute(subs)}
+    return {**out, f"{name}.py": py, f"test_{name}.py": Template(_TEST_PY).substitute(subs)}
 
 
 def new_card(name: str, directory=".", kind: str = "unary", backward: bool = False) -> List[Path]:

@@ -27,8 +27,8 @@ kernel-body edit finds the host TU's object cached.
 
 **Host shape** (``host_shape_key`` -> ``shapes/<key>``, naming the unit key of an object): what the host side
 of a .cu's object is made of -- the unit key's parts with the bodies of device-only functions
-(``syntax.device_only_bodies``) blanked line for line in the TU and each local header. Two texts of one shape
-differ only inside such bodies, so an object of the one with the other's device code (``nvcc --fatbin``,
+(``syntax.device_only_bodies``) blanked line for line in the TU and each local header (kernelkit's own headers
+count as they are). Two texts of one shape differ only inside such bodies, so an object of the one with the other's device code (``nvcc --fatbin``,
 swapped into the ``.nv_fatbin`` section) is the other's object; none where a flag makes device code
 relocatable (``-rdc``: a body may then call code the host side links).
 
@@ -157,14 +157,20 @@ def host_shape_key(kind: str, flags: Sequence[str], local_dirs: Iterable[Path], 
     if kind != "cu" or any(f.split("=")[0] in _RELOCATABLE for f in flags):
         return None
     shapes = []
-    for source in (text, *(d.read_text(errors="surrogateescape") for d in deps)):
+    for path, source in ((None, text), *((d, d.read_text(errors="surrogateescape")) for d in deps)):
         shape = _blanked(source)
-        if shape is None:
+        if shape is None and not _kernelkits_own(path):
             return None
-        shapes.append(shape)
+        shapes.append(source if shape is None else shape)
     named = sorted((sources.portable_name(d, roots), s) for d, s in zip(deps, shapes[1:]))
     return _key("host-shape", kind, fingerprint, compiler_id, _joined(_key_flags(flags, local_dirs)), variant, shapes[0],
                 _joined(f"{n}\0{s}" for n, s in named))
+
+
+def _kernelkits_own(path: Optional[Path]) -> bool:
+    """A header of kernelkit's include dir: the grammar cannot read its macros, and it needs no blanking (nobody
+    edits it); it counts as it is. It declares no device variable template (tests/test_device_rebuild.py)."""
+    return path is not None and path.resolve().is_relative_to(sources.INCLUDE)
 
 
 def _blanked(text: str) -> Optional[str]:

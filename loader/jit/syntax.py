@@ -201,8 +201,10 @@ def device_only_bodies(text: str) -> Optional[Tuple[Tuple[int, int], ...]]:
     them changes the device code alone. A body is left out where that is not plain: a deduced return type,
     a directive, or a macro that opens or closes a brace. None when the grammar could not parse all of the
     text (its recovery may take host code for a body), or the text declares a device variable template (a
-    body's use of it adds a registration on the host side)."""
-    root = parse(text).root_node
+    body's use of it adds a registration on the host side). A ``constexpr`` function is left out too: with
+    ``--expt-relaxed-constexpr`` host code may call it. kernelkit's ``KK_MATH_FN`` counts as the ``__device__``
+    it is wherever nvcc compiles (``<kernelkit/dtype.cuh>``)."""
+    root = parse(_as_nvcc_sees(text)).root_node
     if root.has_error:
         return None
     brace_macros = _brace_macros(root)
@@ -215,11 +217,42 @@ def device_only_bodies(text: str) -> Optional[Tuple[Tuple[int, int], ...]]:
         if node.type != "function_definition" or "__host__" in _qualifiers(node):
             continue
         body = node.child_by_field_name("body")
-        if body is None or not _qualifiers(node) & {"__global__", "__device__"} or _deduced(node):
+        if body is None or not _qualifiers(node) & {"__global__", "__device__"} or _deduced(node) or _constexpr(node):
             continue
         if _plain_body(body, brace_macros):
             spans.append((body.start_byte, body.end_byte))
     return tuple(spans)
+
+
+#: kernelkit's macros that nvcc always sees as a qualifier of the same length (spans stay valid)
+_NVCC_QUALIFIER_MACROS = {b"KK_MATH_FN": b"__device__"}
+
+
+def _as_nvcc_sees(text: str) -> str:
+    """``text`` with each use of a macro of ``_NVCC_QUALIFIER_MACROS`` written as what it expands to, unless the
+    text defines or undefines that macro itself (then it is left alone: its meaning is the text's)."""
+    data = text.encode("utf-8", "surrogateescape")
+    if not any(m in data for m in _NVCC_QUALIFIER_MACROS):
+        return text
+    uses, own = [], set()
+    for n in walk(parse(text).root_node):
+        name = n.text if n.type in ("identifier", "type_identifier") and n.child_count == 0 else None
+        if name in _NVCC_QUALIFIER_MACROS:
+            uses.append(n)
+        if n.type in ("preproc_def", "preproc_function_def") and n.child_by_field_name("name") is not None:
+            own.add(n.child_by_field_name("name").text)
+        if n.type == "preproc_call" and n.child_by_field_name("directive").text == b"#undef":
+            argument = n.child_by_field_name("argument")
+            own.update(argument.text.split() if argument is not None else ())
+    out = bytearray(data)
+    for n in uses:
+        if n.text not in own:
+            out[n.start_byte:n.end_byte] = _NVCC_QUALIFIER_MACROS[n.text]
+    return out.decode("utf-8", "surrogateescape")
+
+
+def _constexpr(fn) -> bool:
+    return any(c.type == "type_qualifier" and c.text in (b"constexpr", b"consteval") for c in fn.children)
 
 
 def _qualifiers(node) -> set:

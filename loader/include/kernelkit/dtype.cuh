@@ -12,8 +12,12 @@
 #if defined(__CUDACC__)
 #define KK_HD __host__ __device__ __forceinline__
 #define KK_DEVICE __device__ __forceinline__
+// A card's math (<name>_math.h): device code where nvcc compiles it, so a body edit rebuilds device code only;
+// plain inline C++ in the card's CPU file, which the host compiler compiles.
+#define KK_MATH_FN __device__ __forceinline__
 #else
 #define KK_HD inline
+#define KK_MATH_FN inline
 #endif
 
 namespace kk {
@@ -23,8 +27,7 @@ template <typename T> struct AccType { using type = float; };
 template <> struct AccType<double> { using type = double; };
 template <typename T> using acc_t = typename AccType<T>::type;
 
-#if defined(__CUDACC__)
-// Host and device: a card's .cu also compiles its CPU loop (kk::cpu_run, <kernelkit/elementwise.cuh>).
+// Host and device: CPU loops (kk::cpu_run) are compiled by nvcc in a card's .cu or by the host compiler.
 KK_HD float to_acc(float x) { return x; }
 KK_HD double to_acc(double x) { return x; }
 KK_HD float to_acc(__half x) { return __half2float(x); }
@@ -34,7 +37,6 @@ KK_HD float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
 template <typename T> KK_HD T from_acc(acc_t<T> x) { return static_cast<T>(x); }
 template <> KK_HD __half from_acc<__half>(float x) { return __float2half_rn(x); }
 template <> KK_HD __nv_bfloat16 from_acc<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-#endif
 
 }  // namespace kk
 

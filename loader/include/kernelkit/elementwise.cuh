@@ -17,6 +17,7 @@
 
 #include "dtype.cuh"
 #include "elementwise.h"
+#include "elementwise_cpu.h"
 #include "launch.cuh"
 #include "vec.cuh"
 
@@ -191,48 +192,18 @@ cudaError_t binary_launch(const T* a, const T* b, T* out, int64_t n, cudaStream_
   return launch_elementwise<T, 2>(out, InPtrs<T, 2>{{a, b}}, n, Op<acc_t<T>>{}, stream);
 }
 
-template <typename F, typename A, int NIn, size_t... I>
-KK_HD A apply_host(const F& f, const A (&x)[NIn], std::index_sequence<I...>) {
-  return f(x[I]...);
-}
-
-template <template <typename> class Op, typename T, int NIn>
-void cpu_run(char* const* data, const int64_t* strides, int64_t n) {
-  using A = acc_t<T>;
-  const Op<A> f{};
-  bool contiguous = true;
-  for (int k = 0; k <= NIn; ++k) contiguous = contiguous && strides[k] == static_cast<int64_t>(sizeof(T));
-  if (contiguous) {  // the common case, as its own loop the host compiler vectorises
-    T* out = reinterpret_cast<T*>(data[0]);
-    const T* in[NIn];
-    for (int k = 0; k < NIn; ++k) in[k] = reinterpret_cast<const T*>(data[k + 1]);
-    for (int64_t i = 0; i < n; ++i) {
-      A a[NIn];
-      for (int k = 0; k < NIn; ++k) a[k] = to_acc(in[k][i]);
-      out[i] = from_acc<T>(apply_host(f, a, std::make_index_sequence<NIn>{}));
-    }
-    return;
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    A a[NIn];
-    for (int k = 0; k < NIn; ++k) a[k] = to_acc(*reinterpret_cast<const T*>(data[k + 1] + i * strides[k + 1]));
-    *reinterpret_cast<T*>(data[0] + i * strides[0]) = from_acc<T>(apply_host(f, a, std::make_index_sequence<NIn>{}));
-  }
-}
-
 }  // namespace kk
 
 // One line in a card's .cu: the launchers of <kernelkit/elementwise.h> for functor template OP and its CPU
 // loop, compiled for float, double, __half and __nv_bfloat16 (at file scope; OP fully qualified, e.g. kk::ReluOp).
-#define KK_UNARY_LAUNCHER_T_(OP, T)                                                  \
-  template cudaError_t kk::unary_launch<OP, T>(const T*, T*, int64_t, cudaStream_t); \
-  template void kk::cpu_run<OP, T, 1>(char* const*, const int64_t*, int64_t);
-#define KK_BINARY_LAUNCHER_T_(OP, T)                                                           \
-  template cudaError_t kk::binary_launch<OP, T>(const T*, const T*, T*, int64_t, cudaStream_t); \
-  template void kk::cpu_run<OP, T, 2>(char* const*, const int64_t*, int64_t);
-#define KK_UNARY_LAUNCHER(OP)                                 \
-  KK_UNARY_LAUNCHER_T_(OP, float) KK_UNARY_LAUNCHER_T_(OP, double) \
-  KK_UNARY_LAUNCHER_T_(OP, __half) KK_UNARY_LAUNCHER_T_(OP, __nv_bfloat16)
-#define KK_BINARY_LAUNCHER(OP)                                  \
-  KK_BINARY_LAUNCHER_T_(OP, float) KK_BINARY_LAUNCHER_T_(OP, double) \
-  KK_BINARY_LAUNCHER_T_(OP, __half) KK_BINARY_LAUNCHER_T_(OP, __nv_bfloat16)
+// A card whose math is apart (KK_MATH_FN functors in <name>_math.h) uses KK_*_CUDA_LAUNCHER here and
+// KK_*_CPU_LOOP (<kernelkit/elementwise_cpu.h>) in its CPU file, so that nvcc compiles no host use of the math.
+// A line may end with ';' (an empty declaration): then a C++ parser reads the file whole.
+#define KK_UNARY_CUDA_LAUNCHER_T_(OP, T) \
+  template cudaError_t kk::unary_launch<OP, T>(const T*, T*, int64_t, cudaStream_t);
+#define KK_BINARY_CUDA_LAUNCHER_T_(OP, T) \
+  template cudaError_t kk::binary_launch<OP, T>(const T*, const T*, T*, int64_t, cudaStream_t);
+#define KK_UNARY_CUDA_LAUNCHER(OP) KK_INSTANTIATE_FLOATING_OP(KK_UNARY_CUDA_LAUNCHER_T_, OP)
+#define KK_BINARY_CUDA_LAUNCHER(OP) KK_INSTANTIATE_FLOATING_OP(KK_BINARY_CUDA_LAUNCHER_T_, OP)
+#define KK_UNARY_LAUNCHER(OP) KK_UNARY_CUDA_LAUNCHER(OP) KK_UNARY_CPU_LOOP(OP)
+#define KK_BINARY_LAUNCHER(OP) KK_BINARY_CUDA_LAUNCHER(OP) KK_BINARY_CPU_LOOP(OP)

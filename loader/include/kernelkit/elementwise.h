@@ -23,8 +23,8 @@ cudaError_t binary_launch(const T* a, const T* b, T* out, int64_t n, cudaStream_
 
 // The CPU loop over one run of n elements: data[0] is out, data[1..NIn] the inputs, each advancing by its
 // own byte stride in `strides` (0: a broadcast operand); Op<acc_t<T>> computes each element. The launcher
-// macros compile it in the card's .cu, so the binding needs Op's name only, and a math edit rebuilds the
-// .cu alone, never the torch-facing binding.
+// macros compile it in the card's .cu (KK_*_LAUNCHER) or its CPU file (KK_*_CPU_LOOP), so the binding needs
+// Op's name only, and a math edit never rebuilds the torch-facing binding.
 template <template <typename> class Op, typename T, int NIn>
 void cpu_run(char* const* data, const int64_t* strides, int64_t n);
 

@@ -162,8 +162,8 @@ template <typename T> const typename cuda_type<T>::type* cuda_cptr(const at::Ten
   return reinterpret_cast<const typename cuda_type<T>::type*>(t.const_data_ptr<T>());
 }
 
-// The CPU loop of elementwise Op through kk::cpu_run, compiled in the card's .cu by its launcher line: the
-// binding needs Op's name only. Same walk as cpu_elementwise: contiguous chunks in parallel, else
+// The CPU loop of elementwise Op through kk::cpu_run, compiled by the card's launcher line (KK_*_LAUNCHER in
+// its .cu, or KK_*_CPU_LOOP in its CPU file): the binding needs Op's name only. Same walk as cpu_elementwise: contiguous chunks in parallel, else
 // at::TensorIterator's runs over strided and broadcast views.
 template <template <typename> class Op, typename scalar_t, typename... Ts>
 void cpu_elementwise_run(const at::Tensor& out, const Ts&... ins) {
@@ -344,7 +344,8 @@ at::Tensor binary_elementwise(const char* op, const at::Tensor& a, const char* a
 namespace kk {
 
 // out = Op(a, b) as binary_elementwise above, through binary_launch<Op> and cpu_run<Op> (KK_BINARY_LAUNCHER(Op)
-// in the card's .cu compiles both: the binding needs Op's declaration only).
+// in the card's .cu compiles both, or KK_BINARY_CUDA_LAUNCHER and KK_BINARY_CPU_LOOP apart: the binding needs
+// Op's declaration only).
 template <template <typename> class Op>
 at::Tensor binary_elementwise(const char* op, const at::Tensor& a, const char* an, const at::Tensor& b,
                               const char* bn) {
@@ -359,7 +360,8 @@ at::Tensor binary_elementwise(const char* op, const at::Tensor& a, const char* a
 
 // out = Op(x) elementwise for every unary elementwise card: x checked (float32/64/16, bfloat16) and made
 // contiguous, then unary_launch<Op> on CUDA, or cpu_run<Op> on the CPU (KK_UNARY_LAUNCHER(Op) in the card's
-// .cu compiles both: the binding needs Op's declaration only). `op` and `xn` name the op and its argument in
+// .cu compiles both, or KK_UNARY_CUDA_LAUNCHER and KK_UNARY_CPU_LOOP apart: the binding needs Op's declaration
+// only). `op` and `xn` name the op and its argument in
 // errors.
 template <template <typename> class Op>
 at::Tensor unary_elementwise(const char* op, const at::Tensor& x, const char* xn) {
