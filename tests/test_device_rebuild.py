@@ -3,6 +3,7 @@ and places it into the object of the earlier text, whose host side it cannot hav
 (``keys.host_shape_key``). Proven here by comparing such an object with a full compile of the same text,
 section by section; the GPU side (the edited kernel runs) is in tests/test_split_gpu.py."""
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -194,6 +195,44 @@ def test_swapped_device_code_gives_the_object_a_full_compile_gives(device_tu, tm
     full, swapped, old = (_sections(tmp_path / f"{n}.o", tmp_path) for n in ("full", "swapped", "old"))
     assert full[".nv_fatbin"][2] != old[".nv_fatbin"][2]  # the edit reached the device code: the check is not idle
     assert swapped == full
+
+
+@pytest.mark.cuda_build
+def test_a_card_math_edit_swapped_in_gives_the_object_a_full_compile_gives(tmp_path):
+    """``kernelkit new``'s layout: the .cu instantiates kernelkit's launchers over the functors of <card>_math.h
+    (KK_MATH_FN). After an edit of a functor's body the .cu keeps its host shape, and its old object with the new
+    device code is, section for section, what nvcc gives compiling the edited card whole."""
+    from kernelkit.frontends import scaffold
+
+    files = scaffold.card_files("kk_swap", "unary", backward=True)
+    flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo", "-Xcompiler", "-fPIC",
+             "-gencode", "arch=compute_90,code=sm_90", f"-I{sources.INCLUDE}"]
+    texts = {"old": files["kk_swap_math.h"],
+             "new": files["kk_swap_math.h"].replace("return x * x; }", "return x * x + A(3); }")}
+    shapes = {}
+    for name, math in texts.items():
+        d = tmp_path / name
+        d.mkdir()
+        (d / "kk_swap_math.h").write_text(math)
+        (d / "kk_swap.cu").write_text(files["kk_swap.cu"])
+        own = sorted(p for p in (sources.INCLUDE / "kernelkit").iterdir())
+        shapes[name] = _shape(files["kk_swap.cu"], flags=flags, deps=[d / "kk_swap_math.h", *own], roots=[d])
+        _nvcc(*flags, f"-I{d}", "-c", str(d / "kk_swap.cu"), "-o", str(tmp_path / f"{name}.o"))
+    assert shapes["old"] == shapes["new"] is not None
+    new = tmp_path / "new"
+    _nvcc(*flags, f"-I{new}", "--fatbin", str(new / "kk_swap.cu"), "-o", str(tmp_path / "new.fatbin"))
+    shutil.copyfile(tmp_path / "old.o", tmp_path / "swapped.o")
+    subprocess.run(["objcopy", "--update-section", f".nv_fatbin={tmp_path / 'new.fatbin'}", str(tmp_path / "swapped.o")],
+                   check=True)
+    full, swapped, old = (_sections(tmp_path / f"{n}.o", tmp_path) for n in ("new", "swapped", "old"))
+    assert full[".nv_fatbin"][2] != old[".nv_fatbin"][2]  # the edit reached the device code: the check is not idle
+    for sections in (full, swapped):  # nvcc numbers the device names of static header functions anew each run
+        kind, size, data = sections[".nv_fatbin"]
+        sections[".nv_fatbin"] = (kind, size, _INTERNAL_RUN.sub(lambda m: m.group(1) + b"0" * len(m.group(2)), data))
+    assert swapped == full
+
+
+_INTERNAL_RUN = re.compile(rb"(_INTERNAL_[0-9a-f]{8}_\d+_\w+?_[0-9a-f]{8}_)(\d{4,5})(?=\d)")
 
 
 # ------------------------------------------------------------------------------------ through the loader
