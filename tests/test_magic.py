@@ -142,7 +142,80 @@ def test_cpp_cell_without_flag_goes_to_the_cpp_compiler_and_names_do_not_clobber
     assert isinstance(shell.user_ns["cube_lib"], kernelkit.Library)  # and the library is still reachable
 
 
+TUNED = """\
+extern "C" __global__ void scale(const float* x, float* y, long n) {
+  long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+  if (i < n - TAIL_BUG) y[i] = 2.0f * x[i];
+}
+"""
+
+
+def _tuning(launch):
+    return dict(space={"BLOCK": [64, 256], "TAIL_BUG": [0, 1]}, launch=launch, reference=lambda x: 2 * x,
+                inputs=lambda shape, dtype=None, device=None, generator=None: (
+                    torch.randn(shape, dtype=dtype, device=device, generator=generator),))
+
+
+def test_a_tuned_kernels_cell_binds_an_op_over_its_configurations(shell, monkeypatch):
+    """--tune: each configuration is the cell compiled with its -D defines (here a stand-in for NVRTC that
+    records them) and launched by the notebook's launch(kernels, config, *args); the op runs a checked winner."""
+    from kernelkit.frontends import magic
+
+    compiled = []
+
+    def fake_load_kernels(source, name, arch=None, options=()):
+        compiled.append((name, tuple(options)))
+        return {"source": source, "tail_bug": int(dict(o[2:].split("=") for o in options)["TAIL_BUG"])}
+
+    def launch(kernels, config, x):
+        y = 2 * x
+        if kernels["tail_bug"]:
+            y[-1] = 0  # the config whose bounds check drops the last element: wrong, so never chosen
+        return y
+
+    monkeypatch.setattr(magic, "load_kernels", fake_load_kernels)
+    shell.user_ns["scale_tuning"] = _tuning(launch)
+    shell.run_cell_magic("kernelkit", "scaled --kernels --arch 9.0 --flags -DEXTRA=1 --tune scale_tuning", TUNED)
+    op = shell.user_ns["scaled"]
+    x = torch.randn(1001)
+    torch.testing.assert_close(op(x), 2 * x)
+    assert op.config(x)["TAIL_BUG"] == 0
+    assert {o for _, o in compiled} >= {("-DEXTRA=1", "-DBLOCK=64", "-DTAIL_BUG=1"), ("-DEXTRA=1", "-DBLOCK=256", "-DTAIL_BUG=0")}
+    assert len({n for n, _ in compiled}) == 4 and all(n.startswith("scaled_") for n, _ in compiled)
+
+
+def test_tune_usage_errors(shell):
+    with pytest.raises(ValueError, match="--tune tunes a --kernels cell"):
+        shell.run_cell_magic("kernelkit", "t1 --tune x", TUNED)
+    with pytest.raises(ValueError, match="--tune nowhere: expected the notebook's dict .* got nothing"):
+        shell.run_cell_magic("kernelkit", "t1 --kernels --tune nowhere", TUNED)
+    shell.user_ns["half_tuning"] = {"space": {"BLOCK": [64]}, "launch": print}
+    with pytest.raises(ValueError, match="got a dict without reference, inputs"):
+        shell.run_cell_magic("kernelkit", "t1 --kernels --tune half_tuning", TUNED)
+    assert "t1" not in shell.user_ns
+
+
+@pytest.mark.gpu
+def test_a_tuned_kernels_cell_runs_the_winner_on_the_gpu(shell):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+
+    def launch(kernels, config, x):
+        y = torch.full_like(x, float("nan"))  # poisoned: an element the kernel skips stays NaN
+        kernels.scale[(x.numel() + config["BLOCK"] - 1) // config["BLOCK"], config["BLOCK"]](x, y, x.numel())
+        return y
+
+    shell.user_ns["gpu_tuning"] = _tuning(launch)
+    shell.run_cell_magic("kernelkit", "gpu_scaled --kernels --tune gpu_tuning", TUNED)
+    op = shell.user_ns["gpu_scaled"]
+    x = torch.randn(3001, device="cuda")
+    torch.testing.assert_close(op(x), 2 * x)
+    assert op.config(x)["TAIL_BUG"] == 0
+    result = next(iter(op.results.values()))
+    assert sorted(c.status for c in result.candidates if c.config["TAIL_BUG"]) == ["wrong", "wrong"]
+
+
 def test_magic_help_documents_every_option(shell):
     doc = shell.find_cell_magic("kernelkit").__doc__
-    for option in ("--functions", "--arch", "--flags", "--cuda-flags", "--cpp", "--kernels"):
+    for option in ("--functions", "--arch", "--flags", "--cuda-flags", "--cpp", "--kernels", "--tune"):
         assert option in doc, option

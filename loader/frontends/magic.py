@@ -15,6 +15,13 @@ the cell's own line numbers. ``--cpp`` makes the whole cell C++ (CPU code, no CU
 compiles the cell in-process with NVRTC (``kernelkit.load_kernels``, tens of milliseconds) and binds the
 module as ``NAME``: ``NAME.my_kernel[grid, block](tensor, ..., n)``.
 
+    %%kernelkit NAME --kernels --tune VAR [--arch 9.0] [--flags ...]
+
+tunes that cell (``kernelkit.harness.tune.tuned``): ``VAR`` is the notebook's dict with ``space`` (name ->
+values, each configuration compiled with ``-D<name>=<value>``), ``launch(kernels, config, *args)`` (runs one
+configuration's module), ``reference`` and ``inputs`` (as for ``kernelkit.autotune``; more of its keywords may
+follow). ``NAME`` is then an op that runs, per call, the checked winner for its shape bucket.
+
 ``NAME`` must be a Python identifier that is free in the notebook or bound to what kernelkit made (a
 library, an instant-kernels module, or what an earlier cell bound): a cell never shadows a module such as
 ``torch`` or the notebook's own variables. ``--flags``/``--cuda-flags`` take every value up to the next of
@@ -26,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import keyword
 import os
 import re
@@ -39,15 +47,17 @@ from .. import device_output as _capture
 from .. import inspect as kk_inspect
 from .. import loading
 from ..errors import BuildError, KernelkitError
+from ..harness import tune
 from ..instant.kernels import KernelModule, load_kernels, loaded_modules
 from ..jit import registry, syntax
 from ..jit.library import Library
+from ..jit.sources import sha256_bytes
 
 #: name -> (line, cell) of the last %%kernelkit cell run with that name
 CELLS: Dict[str, Tuple[str, str]] = {}
 #: (id of a user namespace, name) -> what a cell bound there last: a re-run cell may rebind it
 _BOUND: Dict[Tuple[int, str], object] = {}
-_OPTIONS = ("--functions", "--arch", "--flags", "--cuda-flags", "--cpp", "--kernels")
+_OPTIONS = ("--functions", "--arch", "--flags", "--cuda-flags", "--cpp", "--kernels", "--tune")
 _VALUE_LISTS = ("--flags", "--cuda-flags")  # their values are compiler flags, which start with '-'
 
 SEPARATOR = re.compile(r"^\s*//\s*-{2,}\s*binding\s*-{2,}\s*$", re.M)
@@ -75,7 +85,8 @@ def cpp_only(line: str, cell: str) -> bool:
                                             and syntax.first_cuda_token(cell, _CUDA_TOKENS) is None)
 
 
-_USAGE = "usage: %%kernelkit NAME [--functions f g] [--arch 9.0] [--flags -DX=1 ...] [--cuda-flags ...] [--cpp | --kernels]"
+_USAGE = ("usage: %%kernelkit NAME [--functions f g] [--arch 9.0] [--flags -DX=1 ...] [--cuda-flags ...] "
+          "[--cpp | --kernels [--tune VAR]]")
 
 
 class _CellArguments(argparse.ArgumentParser):
@@ -95,6 +106,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cuda-flags", action="append", default=None, help="extra nvcc flags, e.g. --cuda-flags -lineinfo")
     p.add_argument("--cpp", action="store_true", help="the whole cell is C++ (no CUDA)")
     p.add_argument("--kernels", action="store_true", help="kernel-only CUDA compiled with NVRTC (instant kernels)")
+    p.add_argument("--tune", default=None, metavar="VAR",
+                   help="with --kernels: tune the cell over the notebook's dict VAR (space, launch, reference, inputs)")
     return p
 
 
@@ -149,6 +162,10 @@ def _bind(user_ns: dict, name: str, value) -> None:
 def kernelkit_cell(line: str, cell: str, user_ns: dict):
     args = _parser().parse_args(_tokens(line))
     _check_name(args.name, user_ns)
+    if args.tune is not None:
+        _bind(user_ns, args.name, _tuned_cell(args, cell, user_ns))
+        CELLS[args.name] = (line, cell)
+        return None
     if args.kernels:
         # a blank first line: compiler line numbers are the cell's, whose line 1 is the %%kernelkit line
         with _errors_cite_the_cell(args.name):
@@ -176,6 +193,33 @@ def kernelkit_cell(line: str, cell: str, user_ns: dict):
     for fn in names:
         _bind(user_ns, fn, getattr(lib, fn))
     return None
+
+
+_TUNE_KEYS = ("space", "launch", "reference", "inputs")
+
+
+def _tuned_cell(args, cell: str, user_ns: dict):
+    """The --kernels cell as a space of NVRTC compiles, one module per configuration of the notebook's dict
+    ``args.tune`` (its values as -D defines), tuned per shape bucket on first use (``tune.tuned``)."""
+    if not args.kernels:
+        raise ValueError(f"%%kernelkit: --tune tunes a --kernels cell (NVRTC); add --kernels\n{_USAGE}")
+    settings = user_ns.get(args.tune)
+    if not isinstance(settings, dict) or not set(_TUNE_KEYS) <= set(settings):
+        got = "nothing" if args.tune not in user_ns else f"a {type(settings).__name__}" + (
+            f" without {', '.join(k for k in _TUNE_KEYS if k not in settings)}" if isinstance(settings, dict) else "")
+        raise ValueError(f"%%kernelkit: --tune {args.tune}: expected the notebook's dict with keys "
+                         f"{', '.join(_TUNE_KEYS)}, got {got}")
+    launch, flags = settings["launch"], list(args.flags or ())
+    options = {k: v for k, v in settings.items() if k not in ("space", "launch")}
+
+    def make(config):
+        defines = [f"-D{k}={v}" for k, v in config.items()]
+        tag = sha256_bytes(repr(sorted(config.items())).encode())[:12]  # its own module: load_kernels updates by name
+        kernels = load_kernels("\n" + cell, f"{args.name}_{tag}", arch=args.arch, options=flags + defines)
+        return functools.partial(launch, kernels, dict(config))
+
+    source = sha256_bytes(cell.encode(), repr((flags, args.arch)).encode())  # an edited cell is tuned again
+    return tune.tuned(make, settings["space"], name=args.name, **{"source": source, **options})
 
 
 @contextlib.contextmanager
