@@ -75,6 +75,18 @@ def test_flags_and_headers_are_part_of_the_shape(tmp_path):
     assert _shape(KERNEL, flags=("-O2",)) != _shape(KERNEL)
 
 
+def test_a_header_that_defines_kk_math_fn_takes_the_shape_away(tmp_path):
+    """A local header may make KK_MATH_FN host code too; then the TU's KK_MATH_FN bodies are not device-only."""
+    tu = "#include \"m.h\"\nstruct Op { KK_MATH_FN float operator()(float x) const { return x; } };\n"
+    header = tmp_path / "m.h"
+    header.write_text("#pragma once\n")
+    assert _shape(tu, deps=[header], roots=[tmp_path]) is not None
+    header.write_text("#define KK_MATH_FN __host__ __device__\n")
+    assert _shape(tu, deps=[header], roots=[tmp_path]) is None
+    header.write_text("#undef KK_MATH_FN\n#define KK_MATH_FN inline\n")
+    assert _shape(tu, deps=[header], roots=[tmp_path]) is None
+
+
 def test_kernelkits_own_headers_count_whole_and_declare_no_device_variable_template(tmp_path):
     """They are beyond the grammar as written (their qualifier macros), so a shape takes them whole; that is
     right only while none declares a device variable template (a body's use of one registers it on the host

@@ -27,10 +27,11 @@ kernel-body edit finds the host TU's object cached.
 
 **Host shape** (``host_shape_key`` -> ``shapes/<key>``, naming the unit key of an object): what the host side
 of a .cu's object is made of -- the unit key's parts with the bodies of device-only functions
-(``syntax.device_only_bodies``) blanked line for line in the TU and each local header (kernelkit's own headers
-count as they are). Two texts of one shape differ only inside such bodies, so an object of the one with the other's device code (``nvcc --fatbin``,
-swapped into the ``.nv_fatbin`` section) is the other's object; none where a flag makes device code
-relocatable (``-rdc``: a body may then call code the host side links).
+(``syntax.device_only_bodies``) blanked line for line in the TU and each local header (kernelkit's own
+headers count as they are). Two texts of one shape differ only inside such bodies, so an object of the one
+with the other's device code (``nvcc --fatbin``, swapped into the ``.nv_fatbin`` section) is the other's
+object; none where a flag makes device code relocatable (``-rdc``: a body may then call code the host side
+links), or a text defines kernelkit's ``KK_MATH_FN`` itself.
 
 **Autotuning record** (``tune_key`` -> ``tune/<key>.json``): the op's name, the content it is built from as
 the caller names it, the device's name and compute capability, the dtype and the shape bucket; the record
@@ -156,8 +157,11 @@ def host_shape_key(kind: str, flags: Sequence[str], local_dirs: Iterable[Path], 
     rebuilt alone: relocatable device code, or a text the grammar cannot read whole."""
     if kind != "cu" or any(f.split("=")[0] in _RELOCATABLE for f in flags):
         return None
+    texts = [(None, text), *((d, d.read_text(errors="surrogateescape")) for d in deps)]
+    if any(syntax.sets_nvcc_qualifier_macros(t) for path, t in texts if not _kernelkits_own(path)):
+        return None  # KK_MATH_FN may not be the __device__ that blanking takes it for
     shapes = []
-    for path, source in ((None, text), *((d, d.read_text(errors="surrogateescape")) for d in deps)):
+    for path, source in texts:
         shape = _blanked(source)
         if shape is None and not _kernelkits_own(path):
             return None

@@ -234,21 +234,34 @@ def _as_nvcc_sees(text: str) -> str:
     data = text.encode("utf-8", "surrogateescape")
     if not any(m in data for m in _NVCC_QUALIFIER_MACROS):
         return text
-    uses, own = [], set()
-    for n in walk(parse(text).root_node):
-        name = n.text if n.type in ("identifier", "type_identifier") and n.child_count == 0 else None
-        if name in _NVCC_QUALIFIER_MACROS:
-            uses.append(n)
-        if n.type in ("preproc_def", "preproc_function_def") and n.child_by_field_name("name") is not None:
-            own.add(n.child_by_field_name("name").text)
-        if n.type == "preproc_call" and n.child_by_field_name("directive").text == b"#undef":
-            argument = n.child_by_field_name("argument")
-            own.update(argument.text.split() if argument is not None else ())
+    root = parse(text).root_node
+    own = _macros_set(root)
     out = bytearray(data)
-    for n in uses:
-        if n.text not in own:
+    for n in walk(root):
+        if n.type in ("identifier", "type_identifier") and n.child_count == 0 and n.text in _NVCC_QUALIFIER_MACROS \
+                and n.text not in own:
             out[n.start_byte:n.end_byte] = _NVCC_QUALIFIER_MACROS[n.text]
     return out.decode("utf-8", "surrogateescape")
+
+
+def sets_nvcc_qualifier_macros(text: str) -> bool:
+    """Whether ``text`` defines or undefines one of kernelkit's qualifier macros (``KK_MATH_FN``): then what it
+    means in a TU that includes ``text`` is not what :func:`device_only_bodies` assumes."""
+    data = text.encode("utf-8", "surrogateescape")
+    return any(m in data for m in _NVCC_QUALIFIER_MACROS) and bool(
+        _macros_set(parse(text).root_node) & set(_NVCC_QUALIFIER_MACROS))
+
+
+def _macros_set(root) -> set:
+    """Names the text ``#define``s or ``#undef``s."""
+    names = set()
+    for n in walk(root):
+        if n.type in ("preproc_def", "preproc_function_def") and n.child_by_field_name("name") is not None:
+            names.add(n.child_by_field_name("name").text)
+        if n.type == "preproc_call" and n.child_by_field_name("directive").text == b"#undef":
+            argument = n.child_by_field_name("argument")
+            names.update(argument.text.split() if argument is not None else ())
+    return names
 
 
 def _constexpr(fn) -> bool:
