@@ -167,6 +167,18 @@ def test_fixed_inputs_and_plain_callables():
         check(torch.add, torch.add)
 
 
+def test_noncontiguous_false_checks_contiguous_inputs_only():
+    def contiguous_only(a, b):
+        if not (a.is_contiguous() and b.is_contiguous()):
+            raise ValueError("contiguous_only(): argument 'a' is not contiguous")
+        return a + b
+
+    a, b = torch.randn(100), torch.randn(100)
+    assert not check(contiguous_only, torch.add, inputs=(a, b)).ok  # strided trials by default
+    res = check(contiguous_only, torch.add, inputs=(a, b), noncontiguous=False)
+    assert res.ok and {c.layout for c in res.cases} == {"contiguous"}
+
+
 def test_inputs_the_reference_rejects_must_be_rejected():
     def picky(a, b):
         if a.numel() == 7:

@@ -168,6 +168,8 @@ def test_a_tuned_kernels_cell_binds_an_op_over_its_configurations(shell, monkeyp
         return {"source": source, "tail_bug": int(dict(o[2:].split("=") for o in options)["TAIL_BUG"])}
 
     def launch(kernels, config, x):
+        if not x.is_contiguous():  # as kernelkit's launcher: a pointer sees the storage in order
+            raise ValueError("scale(): argument 1 'x' is not contiguous")
         y = 2 * x
         if kernels["tail_bug"]:
             y[-1] = 0  # the config whose bounds check drops the last element: wrong, so never chosen
@@ -182,6 +184,12 @@ def test_a_tuned_kernels_cell_binds_an_op_over_its_configurations(shell, monkeyp
     assert op.config(x)["TAIL_BUG"] == 0
     assert {o for _, o in compiled} >= {("-DEXTRA=1", "-DBLOCK=64", "-DTAIL_BUG=1"), ("-DEXTRA=1", "-DBLOCK=256", "-DTAIL_BUG=0")}
     assert len({n for n, _ in compiled}) == 4 and all(n.startswith("scaled_") for n, _ in compiled)
+
+    # pointer kernels are checked on contiguous inputs unless the dict asks for strided ones too
+    shell.user_ns["strided_tuning"] = dict(_tuning(launch), noncontiguous=True)
+    shell.run_cell_magic("kernelkit", "strided --kernels --arch 9.0 --tune strided_tuning", TUNED)
+    with pytest.raises(ValueError, match="no configuration passed its check(.|\n)*strided(.|\n)*not contiguous"):
+        shell.user_ns["strided"](x)
 
 
 def test_tune_usage_errors(shell):

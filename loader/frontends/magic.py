@@ -210,7 +210,8 @@ def _tuned_cell(args, cell: str, user_ns: dict):
         raise ValueError(f"%%kernelkit: --tune {args.tune}: expected the notebook's dict with keys "
                          f"{', '.join(_TUNE_KEYS)}, got {got}")
     launch, flags = settings["launch"], list(args.flags or ())
-    options = {k: v for k, v in settings.items() if k not in ("space", "launch")}
+    # kernels take pointers and kernelkit's launcher refuses strided tensors: contiguous inputs unless the dict asks
+    options = {"noncontiguous": False, **{k: v for k, v in settings.items() if k not in ("space", "launch")}}
 
     def make(config):
         defines = [f"-D{k}={v}" for k, v in config.items()]

@@ -287,8 +287,8 @@ def _nonempty(name: str, given, default, spec_name: Optional[str] = None) -> lis
 def check(op, reference: Optional[Callable] = None, inputs: InputsArg = None, *, spec: Optional[Spec] = None,
           shapes: Optional[Sequence[Tuple[int, ...]]] = None, dtypes: Optional[Sequence[torch.dtype]] = None,
           device=None, trials: int = 5, seed: int = 0, rtol: Optional[float] = None, atol: Optional[float] = None,
-          gradcheck: Optional[bool] = None, random: Optional[bool] = None, large: bool = False,
-          raise_on_fail: bool = False, max_mismatches: int = 5, contract: bool = True,
+          gradcheck: Optional[bool] = None, random: Optional[bool] = None, noncontiguous: Optional[bool] = None,
+          large: bool = False, raise_on_fail: bool = False, max_mismatches: int = 5, contract: bool = True,
           kernels_dir=None) -> CheckResult:
     """Check ``op`` against ``reference``.
 
@@ -303,16 +303,16 @@ def check(op, reference: Optional[Callable] = None, inputs: InputsArg = None, *,
     ``status`` "nothing checked" and is not ``ok`` (``kernelkit check`` exits 1); inputs the reference
     rejects pass only when the op raises the same kind of argument error (:func:`argument_error_kind`).
     ``large=True`` adds the spec's > 2**31-element shapes (one trial, contiguous). ``gradcheck`` defaults
-    to "the spec has grad_inputs"; ``random`` to ``spec.random`` (statistical checks instead of equality).
+    to "the spec has grad_inputs"; ``random`` to ``spec.random`` (statistical checks instead of equality);
+    ``noncontiguous`` to ``spec.noncontiguous`` (False: contiguous inputs only, for an op that refuses others).
     ``contract`` (default on) holds a torch custom op to its contract, once, on a small case of the first
-    dtype (``contract.py``). A card name is searched in ``kernels_dir`` (default: KERNELKIT_PATH + the
-    built-in cards).
+    dtype (``contract.py``). A card name is searched in ``kernels_dir`` (KERNELKIT_PATH + the built-in cards).
     """
     t0 = time.perf_counter()
     _check_arguments(trials, shapes, dtypes)  # before a card is built
     op, reference, spec, device, fixed = _resolve(op, reference, spec, inputs, kernels_dir, device)
-    if random is not None:
-        spec = dataclasses.replace(spec, random=random)
+    overrides = {k: v for k, v in (("random", random), ("noncontiguous", noncontiguous)) if v is not None}
+    spec = dataclasses.replace(spec, **overrides) if overrides else spec
     plan = _Plan(op, reference, spec, device, rtol, atol, max_mismatches)
     shapes, dtypes, trials = _sweep(spec, device, inputs if fixed else None, shapes, dtypes, trials)
     result = CheckResult(spec.name, str(device), [])

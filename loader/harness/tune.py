@@ -143,7 +143,8 @@ def autotune(make: Union[Callable[[Config], Callable[..., Any]], str, Spec],
              kernels_dir=None, constraint: Optional[Callable[[Config], bool]] = None,
              check_shapes: Optional[Sequence[Sequence[int]]] = None, dtype: Optional[torch.dtype] = None,
              device=None, bucket: Optional[Callable[[Sequence[int]], Any]] = None, trials: int = 2,
-             rtol: Optional[float] = None, atol: Optional[float] = None, budget_ms: Optional[float] = None,
+             rtol: Optional[float] = None, atol: Optional[float] = None, noncontiguous: Optional[bool] = None,
+             budget_ms: Optional[float] = None,
              prune_margin: float = 0.5, workers: Optional[int] = None, retune: bool = False, store: bool = True,
              timer: Optional[Timer] = None) -> TuneResult:
     """The fastest configuration of ``space`` whose op (``make(config)``) gives the reference's results.
@@ -155,7 +156,8 @@ def autotune(make: Union[Callable[[Config], Callable[..., Any]], str, Spec],
     recalled) ``kernelkit.ops.<card>`` runs the winner's build in this process.
 
     ``inputs(shape, dtype=, device=, generator=)`` makes an argument tuple (as for :func:`check`); the op is
-    checked on ``check_shapes`` (default: ``shape`` and two odd sizes below it) and timed on ``shape``.
+    checked on ``check_shapes`` (default: ``shape`` and two odd sizes below it), with strided inputs too unless
+    ``noncontiguous=False`` (an op over raw pointers that refuses them), and timed on ``shape``.
     ``source``: what the op is built from (its text, a card's content key): a stored winner is used only for
     the same ``name``, ``source``, device, dtype and bucket, and only while it is still in the space;
     ``retune=True`` tunes again. A space in which no configuration passes is a ValueError listing why each
@@ -179,8 +181,9 @@ def autotune(make: Union[Callable[[Config], Callable[..., Any]], str, Spec],
                             [Candidate(stored["best"], "best", "stored earlier")], from_cache=True)
     else:
         phases: Dict[str, float] = {}
+        check_kw = dict(trials=trials, rtol=rtol, atol=atol, noncontiguous=noncontiguous)
         candidates = _checked(make, configs, reference, inputs, check_shapes or _odd_shapes(shape), dtype, device,
-                              trials, rtol, atol, workers, prebuild, phases)
+                              check_kw, workers, prebuild, phases)
         args = tuple(inputs(tuple(shape), dtype=dtype, device=device,
                             generator=torch.Generator(device=device).manual_seed(0)))
         best = _timed_winner(name, candidates, args, timer, budget_ms, device, prune_margin, phases)
@@ -296,8 +299,8 @@ def _built(fn, config) -> Tuple[Any, Optional[str]]:
         return None, f"build: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
 
 
-def _checked(make, configs, reference, inputs, shapes, dtype, device, trials, rtol, atol, workers, prebuild=None,
-             phases: Optional[Dict[str, float]] = None) -> List[Tuple[Candidate, Optional[Callable[..., Any]]]]:
+def _checked(make, configs, reference, inputs, shapes, dtype, device, check_kw: Dict[str, Any], workers,
+             prebuild=None, phases: Optional[Dict[str, float]] = None) -> List[Tuple[Candidate, Optional[Callable[..., Any]]]]:
     """(candidate, op or None): every configuration built in threads (``prebuild`` there and ``make`` here,
     where loading must be serial), then checked in turn (one device); the seconds of each go to ``phases``."""
     t0 = time.perf_counter()
@@ -312,7 +315,7 @@ def _checked(make, configs, reference, inputs, shapes, dtype, device, trials, rt
         if op is not None:
             try:
                 result = check(op, reference, inputs=inputs, shapes=[tuple(s) for s in shapes], dtypes=[dtype],
-                               device=device, trials=trials, rtol=rtol, atol=atol, contract=False, gradcheck=False)
+                               device=device, contract=False, gradcheck=False, **check_kw)
                 if not result.ok:
                     bad = result.failures[0] if result.failures else None
                     reason = bad.messages[0] if bad and bad.messages else result.status
