@@ -294,6 +294,20 @@ def test_a_tuned_op_runs_each_buckets_winner_and_a_new_one_recalls_them_without_
     assert all(r.from_cache for r in fresh.results.values())
 
 
+def test_a_bucket_where_nothing_passes_raises_on_every_call_without_tuning_again():
+    k = Kernels()
+    op = tune.tuned(k.make, {"block": [64, 256], "tail": [False]}, name="scale2_wrong", reference=reference,
+                    inputs=make_inputs, timer=k.timer(lambda c: 1.0))
+    x = torch.randn(1001)
+    with pytest.raises(ValueError, match="no configuration passed its check"):
+        op(x)
+    built = list(k.built)
+    assert len(built) == 2
+    with pytest.raises(ValueError, match="(?s)no configuration passed its check.*tuned at an earlier call"):
+        op(torch.randn(1003))  # the same bucket
+    assert k.built == built
+
+
 def test_a_tuned_op_refuses_what_it_cannot_pick_by():
     k = Kernels()
     op = tune.tuned(k.make, {"block": [64]}, name="scale2_tuned", reference=reference, inputs=make_inputs)
@@ -317,7 +331,7 @@ def test_a_cards_space_builds_only_its_cu_and_never_picks_a_wrong_configuration(
     cu, py = tmp_path / "kk_tuned.cu", tmp_path / "kk_tuned.py"
     cu.write_text("#ifndef WRONG_BIAS\n#define WRONG_BIAS 0\n#endif\n#include <kernelkit/elementwise.cuh>\n" +
                   math[math.index("namespace kk {"):].replace(
-                      "return x * x;", "return x * x + (A)(WRONG_BIAS) * (A)(UNUSED - UNUSED + 1);") +
+                      "return x * x;", "return x * x + (A)(WRONG_BIAS) + (A)(UNUSED - 1) * (A)(1e-7);") +
                   "KK_UNARY_LAUNCHER(kk::KkTunedOp);\n")
     (tmp_path / "kk_tuned.h").write_text(files["kk_tuned.h"])
     spec = files["kk_tuned.py"]
@@ -332,6 +346,7 @@ def test_a_cards_space_builds_only_its_cu_and_never_picks_a_wrong_configuration(
     again = kernelkit.autotune("kk_tuned", kernels_dir=tmp_path, shape=(4096,), device="cpu")
     assert again.from_cache and again.best == result.best
     _assert_ops_run_the_winner("kk_tuned", tmp_path, result.best)
+    _assert_ops_run_each_buckets_winner(tmp_path, result.best, before)
     cli = subprocess.run([sys.executable, "-m", "kernelkit", "tune", "kk_tuned", "--kernels-dir", str(tmp_path),
                           "--device", "cpu", "--size", "4096"], capture_output=True, text=True)
     assert cli.returncode == 0 and "stored earlier" in cli.stdout and "WRONG_BIAS=0" in cli.stdout, cli.stderr
@@ -347,6 +362,46 @@ def _assert_ops_run_the_winner(card, kernels_dir, best):
     spec = tune._Card(card, kernels_dir).spec
     args = spec.make_inputs((1000,), dtype=torch.float32, device="cpu", generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(getattr(kernelkit.ops, card)(*args), spec.reference(*args))
+
+
+def _favouring(config, space):
+    """A fake timer under which ``config`` is the fastest of the space."""
+    index = str(tune.configurations(space).index(config))
+    return lambda fns, budget_ms: {n: Timing.from_samples([(1.0 if n == index else 2.0) * (1 + 0.01 * (i % 3))
+                                                           for i in range(9)], "fake") for n in fns}
+
+
+def _probe(n: int) -> float:
+    """What the card's op gives for 0 with a leading size of ``n``: (UNUSED - 1) * 1e-7, the build's signature."""
+    return float(kernelkit.ops.kk_tuned(torch.zeros(n))[0])
+
+
+def _assert_ops_run_each_buckets_winner(tmp_path, first, before):
+    """A second bucket tuned to another winner: kernelkit.ops runs each call's bucket's build (no new build; the
+    current build stays the last winner), a new process that recalls one bucket gets both, and after an edit of
+    the .cu the old winners no longer apply."""
+    space = {"WRONG_BIAS": [0, 1], "UNUSED": [1, 2]}
+    other = {**first, "UNUSED": 3 - first["UNUSED"]}
+    small = kernelkit.autotune("kk_tuned", kernels_dir=tmp_path, shape=(64,), device="cpu", timer=_favouring(other, space))
+    assert small.best == other and not small.from_cache
+    signature = {c["UNUSED"]: pytest.approx((c["UNUSED"] - 1) * 1e-7, rel=1e-6, abs=1e-12) for c in (first, other)}
+    assert _probe(4096) == signature[first["UNUSED"]] and _probe(3000) == signature[first["UNUSED"]]
+    assert _probe(64) == signature[other["UNUSED"]] and _probe(1 << 17) == signature[other["UNUSED"]]  # untuned: current
+    assert kernelkit.STATS["compiles"] - before == 5
+    child = subprocess.run([sys.executable, "-c", f"""
+import torch, kernelkit
+kernelkit.autotune("kk_tuned", kernels_dir={str(tmp_path)!r}, shape=(64,), device="cpu")
+print(kernelkit.STATS["compiles"], *(float(kernelkit.ops.kk_tuned(torch.zeros(n))[0]) for n in (64, 4096)))
+"""], capture_output=True, text=True)
+    assert child.returncode == 0, child.stderr
+    compiles, at64, at4096 = child.stdout.split()
+    assert int(compiles) == 0 and float(at64) == signature[other["UNUSED"]] and float(at4096) == signature[first["UNUSED"]]
+    cu = tmp_path / "kk_tuned.cu"
+    cu.write_text(cu.read_text().replace("(A)(1e-7)", "(A)(1e-6)"))
+    kernelkit.load("kk_tuned", kernels_dir=tmp_path, extra_cuda_cflags=[f"-D{k}={v}" for k, v in other.items()])
+    edited = pytest.approx((other["UNUSED"] - 1) * 1e-6, rel=1e-6, abs=1e-12)
+    assert _probe(4096) == edited and _probe(64) == edited  # the edited build, never an old winner's
+    cu.write_text(cu.read_text().replace("(A)(1e-6)", "(A)(1e-7)"))
 
 
 def test_a_card_without_a_space_is_a_one_line_error_before_any_build():

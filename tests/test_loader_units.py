@@ -144,12 +144,19 @@ def test_gc_removes_old_entries_and_stale_tmp(tmp_path, monkeypatch):
     (fresh / "manifest.json").write_text(json.dumps({"name": "new", "key": "fedcba9876543210", "so": "x.so"}))
     stale = cache.subdir("tmp") / "lib-dead-build"
     stale.mkdir()
+    # half-written files of killed writers inside an entry still in use: the old one goes, a young one may be live
+    killed, live = fresh / ".manifest.json.k1ll3d.tmp", fresh / ".manifest.json.wr1t1n.tmp"
+    killed.write_text("{")
+    live.write_text("{")
     long_ago = time.time() - 90 * 86400
+    two_hours_ago = time.time() - 2 * 3600
     os.utime(entry / "manifest.json", (long_ago, long_ago))
     os.utime(stale, (long_ago, long_ago))
+    os.utime(killed, (two_hours_ago, two_hours_ago))
     removed = cache.gc(max_age_days=30)
-    assert removed["libraries"] == 1 and removed["tmp"] == 1
+    assert removed["libraries"] == 1 and removed["tmp"] == 2
     assert not entry.exists() and fresh.exists() and not stale.exists()
+    assert not killed.exists() and live.exists() and (fresh / "manifest.json").exists()
 
 
 def test_cli_cache_commands(tmp_path, monkeypatch, capsys):

@@ -27,13 +27,16 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from ..jit import cache, keys
+from ..jit import cache, keys, registry
 from .bandwidth import device_name
 from .check import check
 from .spec import Spec
 from .timing import Outcome, Ratio, Timing, paired_ratio, time_together
 
 Config = Dict[str, Any]
+#: rounds per configuration at most: a round costs ~50 us of host time, so a budget of device time alone would
+#: let a 5 us kernel's 16 configurations take 20 s; 1000 paired rounds put a ratio's interval well under 1%
+_MAX_ROUNDS = 1000
 #: a timer: ``timer(fns, budget_ms)`` -> name -> Timing or the exception a call raised
 Timer = Callable[[Dict[str, Callable[[], Any]], float], Dict[str, Outcome]]
 
@@ -152,8 +155,8 @@ def autotune(make: Union[Callable[[Config], Callable[..., Any]], str, Spec],
     ``make`` may be a card (its name, found in ``kernels_dir``, or its Spec): each configuration then builds
     the card with ``-D<name>=<value>`` for its .cu files only (in threads: nvcc processes on every core; the
     binding is built once), and the space (default ``Spec.tune``), reference, inputs, shape (default the
-    largest of ``bench_sizes``), dtype (``bench_dtype``) and source key come from the card; after the call (tuned or
-    recalled) ``kernelkit.ops.<card>`` runs the winner's build in this process.
+    largest of ``bench_sizes``), dtype (``bench_dtype``) and source key come from the card; after the call
+    ``kernelkit.ops.<card>`` runs, per call, the build stored for the call's bucket (:class:`_CardRoutes`).
 
     ``inputs(shape, dtype=, device=, generator=)`` makes an argument tuple (as for :func:`check`); the op is
     checked on ``check_shapes`` (default: ``shape`` and two odd sizes below it), with strided inputs too unless
@@ -161,8 +164,7 @@ def autotune(make: Union[Callable[[Config], Callable[..., Any]], str, Spec],
     ``source``: what the op is built from (its text, a card's content key): a stored winner is used only for
     the same ``name``, ``source``, device, dtype and bucket, and only while it is still in the space;
     ``retune=True`` tunes again. A space in which no configuration passes is a ValueError listing why each
-    failed. ``timer`` replaces the harness's (tests).
-    """
+    failed. ``timer`` replaces the harness's (tests)."""
     t0 = time.perf_counter()
     device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
     prebuild = None
@@ -195,6 +197,7 @@ def autotune(make: Union[Callable[[Config], Callable[..., Any]], str, Spec],
                             elapsed_s=time.perf_counter() - t0, phases=phases)
     if prebuild is not None:  # a card: the winner's build becomes its current one, so kernelkit.ops.<card> runs it
         make(result.best)
+        registry.route(name, _CardRoutes(card, space, bucket))
     return result
 
 
@@ -205,7 +208,8 @@ def _timed_winner(name: str, candidates, args: tuple, timer: Optional[Timer], bu
         raise ValueError(f"autotune {name}: no configuration passed its check:\n" +
                          "\n".join(f"  {c.label}: {c.status}: {c.reason}" for c, _ in candidates))
     t0 = time.perf_counter()
-    timer = timer or (lambda f, ms: time_together(f, device, budget_ms=ms, warmup_ms=min(25.0, ms / 4)))
+    timer = timer or (lambda f, ms: time_together(f, device, budget_ms=ms, warmup_ms=min(25.0, ms / 4),
+                                                  max_reps=_MAX_ROUNDS))
     _time(candidates, fns, args, timer, budget_ms or (200.0 if device.type == "cuda" else 100.0), prune_margin)
     phases["time"] = time.perf_counter() - t0
     return _winner(name, [c for c, _ in candidates])
@@ -265,6 +269,57 @@ class _Card:
         """The build's own op (each build registers under its own namespace; ``kernelkit.ops`` follows the
         newest load, so autotune loads the winner's build last)."""
         return getattr(self._load(config, load=True), self.spec.name)
+
+
+_UNSEEN = object()
+
+
+class _CardRoutes:
+    """``kernelkit.ops.<card>`` after ``kernelkit.autotune("<card>")``: in eager mode a call runs the winner stored
+    for its first tensor's device, dtype and shape bucket (that configuration's build, loaded from the cache on
+    the bucket's first call, without becoming the card's current build), and the current build where the bucket
+    has none or the card was edited since; under torch.compile the current build runs."""
+
+    def __init__(self, card: _Card, space: Mapping[str, Sequence[Any]], bucket):
+        self.card, self.space, self.bucket = card, space, bucket or shape_bucket
+        self.source = card.source
+        self.picked: Dict[tuple, Optional[Dict[str, object]]] = {}  # (device, dtype, bucket) -> eager callables
+        self.lock = threading.RLock()
+
+    def __call__(self, fast: Dict[str, object]) -> Dict[str, object]:
+        source = _Card(self.card.spec.name, self.card.kernels_dir).source  # an edit: the old winners do not apply
+        if source != self.source:
+            self.source, self.picked = source, {}
+        return {name: self._routed(name, fn) for name, fn in fast.items()}
+
+    def _routed(self, op: str, default):
+        def call(*args, **kwargs):
+            x = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            if x is None:
+                return default(*args, **kwargs)
+            key = (x.device, x.dtype, self.bucket(tuple(x.shape)))
+            fns = self.picked.get(key, _UNSEEN)
+            if fns is _UNSEEN:
+                fns = self._pick(key, x)
+            return (fns.get(op, default) if fns else default)(*args, **kwargs)
+
+        call.__name__ = call.__qualname__ = op
+        return call
+
+    def _pick(self, key: tuple, x: torch.Tensor) -> Optional[Dict[str, object]]:
+        with self.lock:
+            if key not in self.picked:
+                name, source = self.card.spec.name, self.source
+                best = stored(name, source, tuple(x.shape), x.dtype, x.device, self.bucket)
+                fns = None
+                if best is not None and best in configurations(self.space):
+                    current = registry.latest(name)
+                    lib = self.card._load(best, load=True)
+                    if current is not None and current is not lib:
+                        registry.activate(current)  # the bucket's build serves its calls only
+                    fns = registry.eager(registry.overloads(lib)) if self.source == source else None
+                self.picked[key] = fns
+            return self.picked[key]
 
 
 def _device_identity(device: torch.device) -> str:
@@ -379,6 +434,7 @@ class Tuned:
         self.name, self._make, self._space, self._bucket = name, make, space, bucket or shape_bucket
         self._tune_kw = tune_kw
         self._ops: Dict[tuple, Callable[..., Any]] = {}
+        self._failed: Dict[tuple, str] = {}  # bucket -> why no configuration passed there
         #: (device, dtype, bucket) -> the TuneResult that chose its winner
         self.results: Dict[tuple, TuneResult] = {}
         self._lock = threading.Lock()
@@ -410,9 +466,16 @@ class Tuned:
 
     def _tuned(self, key: tuple, x: torch.Tensor) -> Callable[..., Any]:
         with self._lock:  # one tuning per bucket, however many threads call at once
+            if key in self._failed:  # the same space and seeds fail the same way: say so without tuning again
+                raise ValueError(f"{self._failed[key]}\n(tuned at an earlier call in this bucket; make the op again "
+                                 "to tune again)")
             if key not in self._ops:
-                result = autotune(self._make, self._space, name=self.name, shape=tuple(x.shape), dtype=x.dtype,
-                                  device=x.device, bucket=self._bucket, **self._tune_kw)
+                try:
+                    result = autotune(self._make, self._space, name=self.name, shape=tuple(x.shape), dtype=x.dtype,
+                                      device=x.device, bucket=self._bucket, **self._tune_kw)
+                except ValueError as e:
+                    self._failed[key] = str(e)
+                    raise
                 self.results[key], self._ops[key] = result, self._make(dict(result.best))
             return self._ops[key]
 

@@ -775,6 +775,18 @@ def _remove_unused(parent: Path, cutoff: float) -> int:
     return n
 
 
+def _remove_partial_writes(cutoff: float) -> int:
+    """``.<name>.XXXX.tmp`` files (``kernelkit.replace_file``) older than ``cutoff``: left by a writer that was
+    killed between writing and renaming, inside entries that are still in use."""
+    n = 0
+    for p in cache_dir().rglob(".*.tmp"):
+        with contextlib.suppress(OSError):
+            if p.is_file() and p.stat().st_mtime < cutoff:
+                p.unlink()
+                n += 1
+    return n
+
+
 def _remove_idle_locks(cutoff: float) -> int:
     """Lock files not used since ``cutoff`` and not held. Removed while held by us: filelock re-opens the
     path when the file it waited on was unlinked, so no waiter ends up holding a lock nobody else sees."""
@@ -814,6 +826,7 @@ def gc(max_age_days: float = DEFAULT_MAX_AGE_DAYS, now: Optional[float] = None) 
             removed["pch"] += 1
     removed["sources"] = _remove_unused(subdir("src"), min(cutoff, now - STALE_TMP_SECONDS))
     removed["tmp"] = _remove_unused(subdir("tmp"), now - STALE_TMP_SECONDS)
+    removed["tmp"] += _remove_partial_writes(now - STALE_TMP_SECONDS)
     removed["locks"] = _remove_idle_locks(now - STALE_LOCK_SECONDS)
     _remove_dangling_shapes()
     return removed

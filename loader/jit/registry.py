@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -29,6 +29,9 @@ CURRENT: Dict[str, Dict[str, torch._ops.OpOverload]] = {}
 FAST: Dict[str, Dict[str, object]] = {}
 #: build key -> (what load returned, the built file) of every torch-style extension loaded in this process
 EXTENSIONS: Dict[str, Tuple[object, Path]] = {}
+#: card name -> its router (set by kernelkit.autotune of the card): wraps the bound build's eager callables
+#: so that each call may run another build of the card (the one tuned for the call's shape bucket)
+ROUTERS: Dict[str, Callable[[Dict[str, object]], Dict[str, object]]] = {}
 
 
 def add(lib: Library) -> None:
@@ -75,26 +78,50 @@ def current() -> Dict[str, Library]:
         return dict(LATEST)
 
 
-def bind(lib: Library) -> Dict[str, object]:
-    """Point card ``lib.name``'s ops at ``lib``: every op with a default overload it defines. Returns the
-    eager callables by op name."""
-    overloads = {}
+def overloads(lib: Library) -> Dict[str, torch._ops.OpOverload]:
+    """Every op with a default overload that ``lib`` defines, by name."""
+    found = {}
     for name in lib.op_names():
         packet = getattr(lib.ops, name)
         if "default" in packet.overloads():
-            overloads[name] = packet.default
-    fast = {name: fastcall.wrap(ov) for name, ov in overloads.items()}
+            found[name] = packet.default
+    return found
+
+
+def eager(ops: Dict[str, torch._ops.OpOverload]) -> Dict[str, object]:
+    """The eager callables of ``ops``: kernelkit.fastcall's where its module is loaded, else their C++ callables."""
+    return {name: fastcall.wrap(ov) for name, ov in ops.items()}
+
+
+def bind(lib: Library) -> Dict[str, object]:
+    """Point card ``lib.name``'s ops at ``lib``: every op with a default overload it defines. Returns the
+    eager callables by op name."""
+    ops = overloads(lib)
     with _LOCK:
-        CURRENT[lib.name] = overloads
+        fast = _routed(lib.name, eager(ops))
+        CURRENT[lib.name] = ops
         FAST[lib.name] = fast
     return fast
+
+
+def route(card: str, router: Callable[[Dict[str, object]], Dict[str, object]]) -> None:
+    """Let ``router`` wrap card ``card``'s eager callables from now on (rebinding a bound card at once)."""
+    with _LOCK:
+        ROUTERS[card] = router
+        if card in CURRENT and card in LATEST:
+            bind(LATEST[card])
+
+
+def _routed(card: str, fast: Dict[str, object]) -> Dict[str, object]:
+    router = ROUTERS.get(card)
+    return router(fast) if router is not None else fast
 
 
 def _use_fastcall() -> None:
     """Rebind every bound card's ops to the fast call path (kernelkit.fastcall runs it once loaded)."""
     with _LOCK:
-        for card, overloads in CURRENT.items():
-            FAST[card] = {name: fastcall.wrap(ov) for name, ov in overloads.items()}
+        for card, ops in CURRENT.items():
+            FAST[card] = _routed(card, eager(ops))
 
 
 fastcall.on_ready(_use_fastcall)
