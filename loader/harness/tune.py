@@ -284,30 +284,33 @@ class _CardRoutes:
         self.card, self.space, self.bucket = card, space, bucket or shape_bucket
         self.source = card.source
         self.picked: Dict[tuple, Optional[Dict[str, object]]] = {}  # (device, dtype, bucket) -> eager callables
+        self.seen: Dict[tuple, Optional[Dict[str, object]]] = {}  # (shape, dtype, device): the same, one lookup
         self.lock = threading.RLock()
 
     def __call__(self, fast: Dict[str, object]) -> Dict[str, object]:
         source = _Card(self.card.spec.name, self.card.kernels_dir).source  # an edit: the old winners do not apply
         if source != self.source:
-            self.source, self.picked = source, {}
+            self.source, self.picked, self.seen = source, {}, {}
         return {name: self._routed(name, fn) for name, fn in fast.items()}
 
     def _routed(self, op: str, default):
         def call(*args, **kwargs):
-            x = next((a for a in args if isinstance(a, torch.Tensor)), None)
-            if x is None:
-                return default(*args, **kwargs)
-            key = (x.device, x.dtype, self.bucket(tuple(x.shape)))
-            fns = self.picked.get(key, _UNSEEN)
-            if fns is _UNSEEN:
-                fns = self._pick(key, x)
-            return (fns.get(op, default) if fns else default)(*args, **kwargs)
+            for x in args:
+                if isinstance(x, torch.Tensor):
+                    fns = self.seen.get((x.shape, x.dtype, x.device), _UNSEEN)
+                    if fns is _UNSEEN:
+                        fns = self._pick(x)
+                    if fns:
+                        return fns.get(op, default)(*args, **kwargs)
+                    break
+            return default(*args, **kwargs)
 
         call.__name__ = call.__qualname__ = op
         return call
 
-    def _pick(self, key: tuple, x: torch.Tensor) -> Optional[Dict[str, object]]:
+    def _pick(self, x: torch.Tensor) -> Optional[Dict[str, object]]:
         with self.lock:
+            key = (x.device, x.dtype, self.bucket(tuple(x.shape)))
             if key not in self.picked:
                 name, source = self.card.spec.name, self.source
                 best = stored(name, source, tuple(x.shape), x.dtype, x.device, self.bucket)
@@ -319,6 +322,9 @@ class _CardRoutes:
                         registry.activate(current)  # the bucket's build serves its calls only
                     fns = registry.eager(registry.overloads(lib)) if self.source == source else None
                 self.picked[key] = fns
+            if len(self.seen) >= 4096:  # shapes without end (a growing sequence length): start over
+                self.seen = {}
+            self.seen[(x.shape, x.dtype, x.device)] = self.picked[key]
             return self.picked[key]
 
 
