@@ -3,6 +3,7 @@ cache gc and the cache CLI."""
 import concurrent.futures
 import json
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -157,6 +158,34 @@ def test_gc_removes_old_entries_and_stale_tmp(tmp_path, monkeypatch):
     assert removed["libraries"] == 1 and removed["tmp"] == 2
     assert not entry.exists() and fresh.exists() and not stale.exists()
     assert not killed.exists() and live.exists() and (fresh / "manifest.json").exists()
+
+
+def test_gc_sweeps_partial_writes_while_directories_come_and_go(tmp_path, monkeypatch):
+    """Build dirs appear and vanish under a live cache while gc looks for old partial writes: never an error
+    (the fault storm found pathlib's rglob raising FileNotFoundError here)."""
+    monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "c"))
+    tmp, stop, sweeps = cache.subdir("tmp"), threading.Event(), 0
+
+    def churn():
+        i = 0
+        while not stop.is_set():
+            d = tmp / f"pins-{i}"
+            (d / "a" / "b").mkdir(parents=True)
+            (d / "a" / "b" / ".x.tmp").write_text("x")
+            shutil.rmtree(d)
+            i += 1
+
+    worker = threading.Thread(target=churn)
+    worker.start()
+    try:
+        deadline = time.time() + 1.0
+        while time.time() < deadline:
+            assert cache._remove_partial_writes(time.time() - 3600) == 0  # all of them young
+            sweeps += 1
+    finally:
+        stop.set()
+        worker.join()
+    assert sweeps > 10
 
 
 def test_cli_cache_commands(tmp_path, monkeypatch, capsys):

@@ -779,11 +779,14 @@ def _remove_partial_writes(cutoff: float) -> int:
     """``.<name>.XXXX.tmp`` files (``kernelkit.replace_file``) older than ``cutoff``: left by a writer that was
     killed between writing and renaming, inside entries that are still in use."""
     n = 0
-    for p in cache_dir().rglob(".*.tmp"):
-        with contextlib.suppress(OSError):
-            if p.is_file() and p.stat().st_mtime < cutoff:
-                p.unlink()
-                n += 1
+    for parent, _, files in os.walk(cache_dir()):  # unlike rglob, it passes over a directory removed meanwhile
+        for name in files:
+            if name.startswith(".") and name.endswith(".tmp"):
+                with contextlib.suppress(OSError):
+                    path = os.path.join(parent, name)
+                    if os.stat(path).st_mtime < cutoff:
+                        os.unlink(path)
+                        n += 1
     return n
 
 
