@@ -7,6 +7,7 @@ and threads per block (``TUNE_B``) given as ``-D`` values. Two shapes are tuned 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import sys
@@ -82,10 +83,7 @@ def main() -> int:
 
 
 def _statuses(result) -> dict:
-    out: dict = {}
-    for c in result.candidates:
-        out[c.status] = out.get(c.status, 0) + 1
-    return out
+    return dict(collections.Counter(c.status for c in result.candidates))
 
 
 def _device_name(device: str) -> str:

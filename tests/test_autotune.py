@@ -22,6 +22,11 @@ def reference(x):
     return x * 2
 
 
+def _fake_timing(us: float) -> Timing:
+    """Nine samples around ``us`` (a little spread, so that paired ratios have an interval)."""
+    return Timing.from_samples([us * (1 + 0.01 * (i % 3)) for i in range(9)], "fake")
+
+
 class Kernels:
     """A family of "kernels" by configuration: ``block`` decides the (fake) speed; ``tail=False`` skips the
     last odd element, as a kernel without a bounds check would: wrong, but fastest."""
@@ -53,7 +58,7 @@ class Kernels:
                 self.called.clear()
                 fn()
                 us = self.cost_of_last_call(cost)
-                out[name] = Timing.from_samples([us * (1 + 0.01 * (i % 3)) for i in range(9)], "fake")
+                out[name] = _fake_timing(us)
             return out
         return timed
 
@@ -367,8 +372,7 @@ def _assert_ops_run_the_winner(card, kernels_dir, best):
 def _favouring(config, space):
     """A fake timer under which ``config`` is the fastest of the space."""
     index = str(tune.configurations(space).index(config))
-    return lambda fns, budget_ms: {n: Timing.from_samples([(1.0 if n == index else 2.0) * (1 + 0.01 * (i % 3))
-                                                           for i in range(9)], "fake") for n in fns}
+    return lambda fns, budget_ms: {n: _fake_timing(1.0 if n == index else 2.0) for n in fns}
 
 
 def _probe(n: int) -> float:
