@@ -179,6 +179,35 @@ def test_noncontiguous_false_checks_contiguous_inputs_only():
     assert res.ok and {c.layout for c in res.cases} == {"contiguous"}
 
 
+def test_a_case_memo_computes_inputs_and_references_once_and_stays_pristine():
+    """autotune checks every configuration on the same cases: with one CaseMemo the reference runs once per
+    case, an op that scribbles on its inputs cannot change what the next op is compared with, and a wrong op
+    is still caught."""
+    from kernelkit.harness.check import CaseMemo
+
+    calls = []
+
+    def reference(a, b):
+        calls.append(a.shape)
+        return a * b + 1
+
+    def scribbles(a, b):
+        out = a * b + 1
+        a.zero_()
+        return out
+
+    memo, kw = CaseMemo(), dict(inputs=elementwise_inputs(2), shapes=[(33,), (7, 5)], dtypes=[torch.float32],
+                                trials=4, contract=False)
+    first = check(scribbles, reference, reuse=memo, **kw)
+    assert not first.ok and "modified its input in place" in first.failures[0].messages[0]
+    n = len(calls)
+    assert n == 2 * 8 and len(memo.cases) == 8  # same dtype and float64, per case
+    assert check(lambda a, b: a * b + 1, reference, reuse=memo, **kw).ok and len(calls) == n
+    wrong = check(lambda a, b: a * b + 1.001, reference, reuse=memo, **kw)
+    assert not wrong.ok and len(calls) == n
+    assert check(lambda a, b: a * b + 1, reference, reuse=CaseMemo(limit_bytes=0), **kw).ok and len(calls) == 2 * n
+
+
 def test_inputs_the_reference_rejects_must_be_rejected():
     def picky(a, b):
         if a.numel() == 7:

@@ -313,7 +313,7 @@ def pch_on(cache_root, monkeypatch):
 
 def test_truncated_pch_is_not_used_and_is_rebuilt(pch_on, tmp_path):
     unit = _binding_unit(tmp_path)
-    root, _ = build._pch_plan(unit)
+    root, _, _ = build._pch_plan(unit)
     gch = root / "kernelkit" / "binding.h.gch"
     gch.parent.mkdir(parents=True)
     gch.write_bytes(b"P" * 4096)
@@ -328,7 +328,7 @@ def test_truncated_pch_is_not_used_and_is_rebuilt(pch_on, tmp_path):
 
 def test_killed_pch_builder_leaves_no_claim_or_partial_file(pch_on, tmp_path, capfd, monkeypatch):
     unit = _binding_unit(tmp_path)
-    root, _ = build._pch_plan(unit)
+    root, _, _ = build._pch_plan(unit)
     (root / "kernelkit").mkdir(parents=True)
     (root / "building").write_text("")  # its builder was killed a moment ago: the claim is not held
     partial = root / "kernelkit" / ".binding.h.gch.4242"
@@ -346,7 +346,7 @@ def test_killed_pch_builder_leaves_no_claim_or_partial_file(pch_on, tmp_path, ca
     finally:
         os.close(held)
     build._pch_flags(unit)
-    assert capfd.readouterr().err.count("precompiled <kernelkit/binding.h>") == 1  # announced once per process
+    assert capfd.readouterr().err.count("building a precompiled header") == 1  # announced once per process
 
 
 def test_unreadable_pch_is_dropped_and_the_unit_compiled_without(pch_on, tmp_path, monkeypatch):
@@ -366,7 +366,7 @@ def test_unreadable_pch_is_dropped_and_the_unit_compiled_without(pch_on, tmp_pat
     gch.write_bytes(gch.read_bytes()[: gch.stat().st_size // 2])  # recorded as it is: only gcc can tell
     (root / "pch.json").write_text(json.dumps({"file": "kernelkit/binding.h.gch", "size": gch.stat().st_size,
                                                "sha256": sha256_file(gch)}))
-    monkeypatch.setattr(build, "_pch_plan", lambda unit: (root, ["true"]))
+    monkeypatch.setattr(build, "_pch_plan", lambda unit: (root, "kernelkit/binding.h.gch", ["true"]))
     rejected = build.STATS["pch_rejected"]
     so, _, _ = build.build(target)
     assert call_f(so) == 7

@@ -358,3 +358,38 @@ def test_dispatch_instantiates_exactly_what_the_host_object_calls(built):
     assert len(instances) == 6  # two kernels x float, double, c10::Half
     assert sum("c10::Half" in ln for ln in instances) == 2
     assert "#include <c10/util/Half.h>" in text
+
+
+_PREAMBLE_BODY = """
+__global__ void k(float* x) { x[0] = 1.0f; }
+torch::Tensor f(torch::Tensor x) { k<<<1, 1>>>(x.data_ptr<float>()); return x; }
+"""
+
+
+@pytest.mark.parametrize("head, expected", [
+    ("// a comment\n#include <torch/extension.h>\n/* another */\n#include <vector>\n",
+     ["<torch/extension.h>", "<vector>"]),
+    ("#include <cuda_runtime.h>\n#include <ATen/ATen.h>\n", ["<cuda_runtime.h>", "<ATen/ATen.h>"]),
+    ("#define NDEBUG\n#include <torch/extension.h>\n", None),  # a macro before them changes what they mean
+    ("#include <torch/extension.h>\n#define X 1\n#include <vector>\n", ["<torch/extension.h>"]),
+    ("#ifdef USE_IT\n#include <vector>\n#endif\n#include <torch/extension.h>\n", None),
+    ('#include "local.h"\n#include <torch/extension.h>\n', None),  # its code comes first
+    ("#include <vector>\n#include <cstdio>\n", None),  # no torch: nothing worth precompiling
+])
+def test_the_host_preamble_is_the_files_leading_torch_includes_and_nothing_else(tmp_path, head, expected):
+    """``#include <preamble>`` + the rest is the host TU's token stream: the preamble holds the TU's prefix and
+    the file's leading ``<...>`` includes (comments between them dropped), the rest resumes at the user's line."""
+    (tmp_path / "local.h").write_text("#pragma once\nstatic const int kLocal = 1;\n")
+    src = tmp_path / "p.cu"
+    src.write_text(head + _PREAMBLE_BODY)
+    result = split_source(src.read_text(), str(src), local_headers([tmp_path]))
+    assert isinstance(result, Split), result
+    if expected is None:
+        assert (result.preamble, result.host_rest) == ("", "")
+        return
+    prefix, rest = result.host.split(f'#line 1 "{src}"\n', 1)
+    includes = [ln.split(" ", 1)[1] for ln in result.preamble.splitlines() if ln.startswith("#include")]
+    assert result.preamble.startswith(prefix) and includes == re.findall(r"#include (\S+)", prefix) + expected
+    last = max(i for i, ln in enumerate(head.splitlines(), 1) if ln.split(" ")[-1] in expected)
+    assert result.host_rest.startswith(f'#line {last + 1} "{src}"\n')
+    assert result.host_rest.split("\n", 1)[1] == "\n".join(rest.split("\n")[last:])

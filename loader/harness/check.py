@@ -53,6 +53,7 @@ class _Plan:
     rtol: Optional[float]
     atol: Optional[float]
     limit: int
+    reuse: Optional["CaseMemo"] = None
 
     def tol(self, dtype) -> Tuple[float, float]:
         rtol, atol = self.spec.tolerance(dtype)
@@ -63,12 +64,50 @@ class _Plan:
         return tuple(self.spec.make_inputs(shape, dtype=dtype, device=self.device, generator=gen))
 
 
+class CaseMemo:
+    """Inputs and reference outputs per case, shared by checks of several ops against one reference with the
+    same inputs, shapes and seed (autotune's configurations): each case's are computed once. Holds at most
+    ``limit_bytes`` (default: a quarter of the device's free memory, 2 GiB on the CPU)."""
+
+    def __init__(self, limit_bytes: Optional[int] = None):
+        self.cases: dict = {}
+        self.limit_bytes, self.used = limit_bytes, 0
+
+    def get(self, case: Case):
+        return self.cases.get((case.seed, case.dtype, case.shape))
+
+    def put(self, case: Case, device: torch.device, entry: tuple) -> None:
+        if self.limit_bytes is None:
+            self.limit_bytes = torch.cuda.mem_get_info(device)[0] // 4 if device.type == "cuda" else 2 << 30
+        size = sum(t.numel() * t.element_size() for t in flat_outputs(entry[0]) + flat_outputs(entry[1]) +
+                   flat_outputs(entry[2]) if isinstance(t, torch.Tensor))
+        if self.used + size <= self.limit_bytes:
+            self.cases[(case.seed, case.dtype, case.shape)], self.used = entry, self.used + size
+
+
+def _case_inputs(plan: _Plan, case: Case) -> tuple:
+    hit = plan.reuse.get(case) if plan.reuse is not None else None
+    return hit[0] if hit else plan.inputs(case.shape, case.dtype, case.seed)
+
+
+def _references(plan: _Plan, case: Case, args: tuple) -> tuple:
+    """(expected, expected64 or None); the op never sees ``args`` themselves (guarded copies), so a memo
+    may keep them."""
+    hit = plan.reuse.get(case) if plan.reuse is not None else None
+    if hit:
+        return hit[1:]
+    expected = plan.reference(*map_tensors(args, clone))
+    low = case.dtype is not None and case.dtype.is_floating_point and case.dtype != torch.float64
+    expected64 = plan.reference(*map_tensors(args, upcast)) if low and case.kind == "values" else None
+    if plan.reuse is not None:
+        plan.reuse.put(case, plan.device, (args, expected, expected64))
+    return expected, expected64
+
+
 def _run_values(plan: _Plan, case: Case, args: tuple, use_out: bool) -> None:
     spec, device = plan.spec, plan.device
     try:
-        expected = plan.reference(*map_tensors(args, clone))
-        low = case.dtype is not None and case.dtype.is_floating_point and case.dtype != torch.float64
-        expected64 = plan.reference(*map_tensors(args, upcast)) if low and case.kind == "values" else None
+        expected, expected64 = _references(plan, case, args)
     except Exception as e:  # noqa: BLE001 - inputs the reference rejects: the op must reject them too
         return _expect_error(plan, case, args, e)
     strided = case.layout.startswith("strided")
@@ -289,7 +328,7 @@ def check(op, reference: Optional[Callable] = None, inputs: InputsArg = None, *,
           device=None, trials: int = 5, seed: int = 0, rtol: Optional[float] = None, atol: Optional[float] = None,
           gradcheck: Optional[bool] = None, random: Optional[bool] = None, noncontiguous: Optional[bool] = None,
           large: bool = False, raise_on_fail: bool = False, max_mismatches: int = 5, contract: bool = True,
-          kernels_dir=None) -> CheckResult:
+          kernels_dir=None, reuse: Optional[CaseMemo] = None) -> CheckResult:
     """Check ``op`` against ``reference``.
 
     ``op`` is a callable, a card name or a :class:`Spec`. Inputs come from ``inputs`` (a tuple of args or a
@@ -307,13 +346,15 @@ def check(op, reference: Optional[Callable] = None, inputs: InputsArg = None, *,
     ``noncontiguous`` to ``spec.noncontiguous`` (False: contiguous inputs only, for an op that refuses others).
     ``contract`` (default on) holds a torch custom op to its contract, once, on a small case of the first
     dtype (``contract.py``). A card name is searched in ``kernels_dir`` (KERNELKIT_PATH + the built-in cards).
+    ``reuse`` (a :class:`CaseMemo`) keeps the value cases' inputs and reference outputs for the next check
+    of another op against the same reference, inputs and seed.
     """
     t0 = time.perf_counter()
     _check_arguments(trials, shapes, dtypes)  # before a card is built
     op, reference, spec, device, fixed = _resolve(op, reference, spec, inputs, kernels_dir, device)
     overrides = {k: v for k, v in (("random", random), ("noncontiguous", noncontiguous)) if v is not None}
     spec = dataclasses.replace(spec, **overrides) if overrides else spec
-    plan = _Plan(op, reference, spec, device, rtol, atol, max_mismatches)
+    plan = _Plan(op, reference, spec, device, rtol, atol, max_mismatches, reuse)
     shapes, dtypes, trials = _sweep(spec, device, inputs if fixed else None, shapes, dtypes, trials)
     result = CheckResult(spec.name, str(device), [])
 
@@ -356,7 +397,7 @@ def _trials_of(plan: _Plan, new_case, dtype, shapes, trials: int) -> bool:
             use_out = spec.out_arg is not None and trial % 4 in (1, 2)
             case = new_case("stats" if spec.random else "values", dtype, shape, layout + (" out=" if use_out else ""),
                             trial)
-            _run_values(plan, case, plan.inputs(shape, dtype, case.seed), use_out)
+            _run_values(plan, case, _case_inputs(plan, case), use_out)
             if _cuda_broken(case, plan.device):
                 return False
     return True

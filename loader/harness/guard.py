@@ -29,10 +29,15 @@ def fill_sentinel(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
-    """(numel, itemsize) bytes, so NaNs compare equal to themselves."""
+    """(numel, k) integers holding each element's bytes (one integer of its size where there is one), so NaNs
+    compare equal to themselves."""
     flat = torch.empty(t.numel(), dtype=t.dtype, device=t.device).copy_(t.detach().reshape(-1))
-    return flat.view(torch.uint8).view(flat.numel(), -1) if flat.numel() else flat.view(torch.uint8).view(0, 1)
+    whole = _SAME_SIZE_INT.get(flat.element_size(), torch.uint8)  # 1/itemsize of the elements to compare
+    return flat.view(whole).view(flat.numel(), -1) if flat.numel() else flat.view(whole).view(0, 1)
 
 
 def index(flat: int, shape: Sequence[int]) -> tuple:

@@ -29,7 +29,7 @@ import torch
 
 from ..jit import cache, keys, registry
 from .bandwidth import device_name
-from .check import check
+from .check import CaseMemo, check
 from .spec import Spec
 from .timing import Outcome, Ratio, Timing, paired_ratio, time_together
 
@@ -370,13 +370,13 @@ def _checked(make, configs, reference, inputs, shapes, dtype, device, check_kw: 
     if prebuild is not None:
         built = [(None, error) if error else _built(make, c) for c, (_, error) in zip(configs, built)]
     t1 = time.perf_counter()
-    out = []
+    out, memo = [], CaseMemo()  # every configuration sees the same inputs: draw them and the reference once
     for config, (op, error) in zip(configs, built):
         candidate = Candidate(dict(config), "failed" if error else "ok", error or "")
         if op is not None:
             try:
                 result = check(op, reference, inputs=inputs, shapes=[tuple(s) for s in shapes], dtypes=[dtype],
-                               device=device, contract=False, gradcheck=False, **check_kw)
+                               device=device, contract=False, gradcheck=False, reuse=memo, **check_kw)
                 if not result.ok:
                     bad = result.failures[0] if result.failures else None
                     reason = bad.messages[0] if bad and bad.messages else result.status

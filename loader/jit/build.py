@@ -64,6 +64,9 @@ class Unit:
     #: whether only its device code was compiled (the host side reused from an object of that shape)
     shape: Optional[str] = None
     device_only: bool = False
+    #: a header the TU includes first, by its file name through an include dir, to precompile for its flags
+    #: (a split's host preamble: torch's headers, parsed once per machine rather than per host edit)
+    pch_header: Optional[Path] = None
 
     def command(self, out: Path, extra: Sequence[str] = ()) -> List[str]:
         compiler = toolchain.nvcc() if self.kind == "cu" else toolchain.cxx()
@@ -106,7 +109,8 @@ class Target:
 
 def plan_unit(kind: str, path: Path, text: str, include_dirs: Sequence[Path], extra: Sequence[str],
               archs: Sequence[str], display: str, optimize: Optional[str] = "-O3",
-              pch_defines: Optional[List[str]] = None, torch_style: bool = False) -> Unit:
+              pch_defines: Optional[List[str]] = None, torch_style: bool = False,
+              pch_header: Optional[Path] = None) -> Unit:
     """``torch_style``: ``extra`` already holds every flag torch's own JIT build would pass (the
     torch.utils.cpp_extension drop-in); only the local include dirs are added."""
     incs = [f"-I{d}" for d in include_dirs]
@@ -132,7 +136,8 @@ def plan_unit(kind: str, path: Path, text: str, include_dirs: Sequence[Path], ex
         sources.refuse_shell_expansion([*flags, str(path), str(cache.cache_dir())], f"compiling {display} with nvcc")
     digest = digest_tree(text.encode(), deps, roots)
     key = keys.unit_key(kind, flags, include_dirs, digest, toolchain.fingerprint(), compiler_id)
-    return Unit(kind, path, display, flags, key, deps, digest, pch_defines, uses_torch, roots, list(include_dirs))
+    return Unit(kind, path, display, flags, key, deps, digest, pch_defines, uses_torch, roots, list(include_dirs),
+                pch_header=pch_header)
 
 
 def link_flags(with_cuda: bool, pymodule: bool, extra: Sequence[str], standalone: bool = False) -> List[str]:
@@ -349,9 +354,19 @@ def pch_enabled() -> bool:
     return toolchain.is_gcc()
 
 
-def _pch_plan(unit: Unit) -> Tuple[Path, List[str]]:
-    """Where the precompiled <kernelkit/binding.h> for this TU's flags lives, and the command making it.
-    Card include dirs are left out (gcc does not need -I to match), so every card shares one PCH."""
+def _pch_plan(unit: Unit) -> Tuple[Path, str, List[str]]:
+    """Where the precompiled header for this TU's flags lives, its file there, and the command making it."""
+    if unit.pch_header is not None:  # named by its content: the TU's own flags, nothing left out
+        header = unit.pch_header
+        key = keys.pch_key(toolchain.fingerprint(), unit.flags, [], sources.sha256_bytes(header.read_bytes()))
+        return cache.subdir("pch") / key, f"{header.name}.gch", \
+            [toolchain.cxx(), *unit.flags, "-x", "c++-header", str(header)]
+    return _binding_pch_plan(unit)
+
+
+def _binding_pch_plan(unit: Unit) -> Tuple[Path, str, List[str]]:
+    """The precompiled <kernelkit/binding.h>: card include dirs are left out (gcc does not need -I to match),
+    so every card shares one PCH."""
     kept = {*toolchain.torch_include_paths(True), *toolchain.torch_include_paths(False), str(INCLUDE),
             toolchain.python_include()}
     flags, tokens = [], iter(unit.flags)
@@ -365,37 +380,36 @@ def _pch_plan(unit: Unit) -> Tuple[Path, List[str]]:
     forced = keys.forced_files(sources.include_search(flags, False, keys.toolchain_dirs()))  # read before it
     deps, _ = scan_includes(header.read_text(), header.parent, [INCLUDE], forced=forced)
     key = keys.pch_key(toolchain.fingerprint(), flags, defines, digest_tree(header.read_bytes(), deps, [INCLUDE]))
-    pch_root = cache.subdir("pch") / key
     cmd = [toolchain.cxx(), *flags, *defines, "-x", "c++-header", str(header)]
-    return pch_root, cmd
+    return cache.subdir("pch") / key, "kernelkit/binding.h.gch", cmd
 
 
 def _pch_flags(unit: Unit) -> List[str]:
     """Flags that use a ready, verified PCH; if there is none yet, start building it in a detached
     process (it outlives this one and is renamed into place when complete), so this build is not slowed."""
-    if unit.pch_defines is None or not pch_enabled():
+    if (unit.pch_defines is None and unit.pch_header is None) or not pch_enabled():
         return []
-    root, cmd = _pch_plan(unit)
+    root, gch, cmd = _pch_plan(unit)
     if cache.pch_ready(root):
         _count("pch_used")
         return [f"-I{root}", "-Winvalid-pch"]  # gcc skips a PCH it cannot use and reads the header
-    _start_pch_build(root, cmd)
+    _start_pch_build(root, gch, cmd)
     return []
 
 
-def _start_pch_build(root: Path, cmd: List[str]) -> None:
+def _start_pch_build(root: Path, gch_name: str, cmd: List[str]) -> None:
     """Start the detached PCH builder unless one is at work (it holds the claim's flock until it exits,
     so a killed builder never blocks the next); a dead builder's partial files are removed first."""
     global _PCH_ANNOUNCED
     with cache.writing(root):
-        (root / "kernelkit").mkdir(parents=True, exist_ok=True, mode=0o700)
+        (root / gch_name).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = cache.try_flock(root / cache.PCH_CLAIM)
     if fd is None:
         return
     try:
         cache.drop_pch(root)
-        gch = root / "kernelkit" / "binding.h.gch"
-        tmp = gch.with_name(f".binding.h.gch.{os.getpid()}")
+        gch = root / gch_name
+        tmp = gch.with_name(f".{gch.name}.{os.getpid()}")
         subprocess.Popen([sys.executable, "-c", _PCH_BUILDER, str(tmp), str(gch), str(root / cache.PCH_META), *cmd],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True, pass_fds=(fd,))
@@ -404,12 +418,12 @@ def _start_pch_build(root: Path, cmd: List[str]) -> None:
     _count("pch_builds")
     if not _PCH_ANNOUNCED:
         _PCH_ANNOUNCED = True
-        say("building a precompiled <kernelkit/binding.h> in the background (~25 s of one core, once); "
-            "later binding compiles use it. KERNELKIT_PCH=0 turns this off.")
+        say("building a precompiled header of torch's headers in the background (~25 s of one core, once per "
+            "set of flags); later compiles of bindings and host code use it. KERNELKIT_PCH=0 turns this off.")
 
 
 def _drop_pch(unit: Unit) -> None:
-    root, _ = _pch_plan(unit)
+    root, _, _ = _pch_plan(unit)
     fd = cache.try_flock(root / cache.PCH_CLAIM)
     if fd is not None:
         try:
@@ -527,12 +541,12 @@ def compile_as_written(unit: Unit, target: Target, out: Path, depfile: Path) -> 
         if not pch or not _PCH_FAILED.search(e.log):
             raise
         _count("pch_rejected")
-        log.warning("precompiled binding.h could not be read for %s; dropping it and compiling without", unit.display)
+        log.warning("a precompiled header could not be read for %s; dropping it and compiling without", unit.display)
         _drop_pch(unit)
         pch, output = [], _run(unit.command(out, deps), what, target, "compiles")
     if pch and "invalid-pch" in output:  # still correct (gcc read the header), just not faster
         _count("pch_rejected")
-        log.warning("precompiled binding.h was not usable for %s:\n%s", unit.display, output[-800:])
+        log.warning("a precompiled header was not usable for %s:\n%s", unit.display, output[-800:])
 
 
 def _host_shape(unit: Unit) -> Optional[str]:

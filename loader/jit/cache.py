@@ -5,10 +5,11 @@ Layout under ``cache_dir()`` (mode 0700, as is the directory it lives in)::
     obj/<key>.o, obj/<key>.json   compiled translation units, shared by every library that uses them (the
                                   json records the key and the sha256: a copy over another key's is corrupt)
     lib/<name>-<key16>/           one linked library: the .so and manifest.json (sha256 of the .so)
-    pch/<key>/                    a precompiled <kernelkit/binding.h>, its pch.json (sha256) and the
+    pch/<key>/                    a precompiled header (<kernelkit/binding.h>, a split's host preamble), its
+                                  pch.json (sha256) and the
                                   ``building`` claim its detached builder holds
     locks/<id>.lock               filelock locks (flock: released by the kernel if the holder dies)
-    src/<key>/                    sources written for load_inline
+    src/<key>/                    sources written for load_inline, and generated TUs and headers
     tmp/                          private build dirs; renamed into place only when complete
 
 Keys are derived in ``keys`` (what invalidates what). Only regular files are read: a FIFO or device in

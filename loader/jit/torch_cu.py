@@ -96,8 +96,7 @@ def _split_into(unit: _build.Unit, target: _build.Target, out: Path) -> Optional
     # launchers need the host object first, which says what to instantiate
     for what in ("host", "device") if result.templated else ("device", "host"):
         if what == "host":
-            part = _sub_unit("cpp", _relined(result.host, original, offset), f"{unit.path.stem}.host.cpp",
-                             unit, host_flags)
+            part = _host_unit(result, original, offset, unit, host_flags)
         else:
             try:
                 text = split.device_text(result, objects.get("host"))
@@ -156,13 +155,28 @@ def _include_dirs(flags: List[str]) -> List[Path]:
     return [d for d in dirs if not sources.under(d.resolve(), keys.toolchain_dirs())]
 
 
-def _sub_unit(kind: str, text: str, filename: str, unit: _build.Unit, flags: List[str]) -> _build.Unit:
+def _host_unit(result: split.Split, original: str, offset: int, unit: _build.Unit,
+               flags: List[str]) -> _build.Unit:
+    """The host TU. Where the file starts with torch's includes, that start (the split's preamble) is a header
+    of its own, named by its content and included first, which gcc can take precompiled (``build._pch_plan``)."""
+    name = f"{unit.path.stem}.host.cpp"
+    if not result.preamble:
+        return _sub_unit("cpp", _relined(result.host, original, offset), name, unit, flags)
+    digest = sources.sha256_bytes(result.preamble.encode())[:16]
+    header = cache.write_source(result.preamble, f"kk_host_preamble_{digest}.h")
+    text = f"#include <{header.name}>\n" + _relined(result.host_rest, original, offset)
+    return _sub_unit("cpp", text, name, unit, flags, pch_header=header)
+
+
+def _sub_unit(kind: str, text: str, filename: str, unit: _build.Unit, flags: List[str],
+              pch_header: Optional[Path] = None) -> _build.Unit:
     """A generated TU, cached by its own text: ``-I`` of the user's directory, where its quoted includes
-    were found when the file was compiled as written."""
+    were found when the file was compiled as written (and of its preamble's, after it)."""
     path = cache.write_source(text, filename)
     extra = [f for f in flags if f not in (f"-I{unit.path.parent}",)]
-    return _build.plan_unit(kind, path, text, [unit.path.parent], extra, [], f"{unit.display} ({kind} part)",
-                            optimize=None, torch_style=True)
+    dirs = [unit.path.parent] + ([pch_header.parent] if pch_header else [])
+    return _build.plan_unit(kind, path, text, dirs, extra, [], f"{unit.display} ({kind} part)",
+                            optimize=None, torch_style=True, pch_header=pch_header)
 
 
 def _compiled(part: _build.Unit, target: _build.Target, unit: _build.Unit,

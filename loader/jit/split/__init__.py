@@ -45,6 +45,10 @@ class Split:
     kernels: Tuple[str, ...]  # the kernels moved
     #: launcher name -> (is a template, path, line of the kernel) for device_text()
     launchers: Dict[str, Tuple[bool, str, int]] = field(default_factory=dict, compare=False, hash=False)
+    #: the host TU's leading part (its prefix and the file's leading torch includes) and what follows it:
+    #: ``#include <preamble>`` + ``host_rest`` compiles as ``host`` does ("" and "" where there is none)
+    preamble: str = ""
+    host_rest: str = ""
 
 
 class Unsplittable(NamedTuple):
@@ -63,11 +67,12 @@ def split_source(text: str, path: str, local_header: LocalHeader = sibling_heade
             return Unsplittable("no kernel defined in the file", 0)
         host = host_text(model, flat)
         device = device_tu(model, flat)
-        _verify(host)
+        _verify(host.text)
     except Refuse as e:
         return _located(e, flat, path)
     launchers = {model.launcher(k): (it.tparams is not None, *flat.where(it.line0)) for k, it in model.kernels.items()}
-    return Split(host, device, any(t for t, _, _ in launchers.values()), tuple(model.kernels), launchers)
+    return Split(host.text, device, any(t for t, _, _ in launchers.values()), tuple(model.kernels), launchers,
+                 host.preamble, host.rest)
 
 
 def _located(e: Refuse, flat: Optional[Flat], path: str) -> Unsplittable:

@@ -3,11 +3,11 @@
 launcher, and each kernel definition replaced by that launcher's declaration in the same place."""
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, NamedTuple, Tuple
 
 from . import tree as ts
 from .errors import Refuse
-from .model import Model, anon_opener, leading_start
+from .model import TORCH_INCLUDES, Model, anon_opener, leading_start
 from .params import host_declaration, signature, variable_reference
 from .source import Flat
 
@@ -15,7 +15,16 @@ Edit = Tuple[int, int, str]
 _BLANK = ("__host__", "__device__")
 
 
-def host_text(model: Model, flat: Flat) -> str:
+class HostTU(NamedTuple):
+    text: str  # the whole TU
+    #: the prefix and the file's leading ``#include <...>`` lines when they include torch, else ""; then
+    #: ``#include <preamble>`` + ``rest`` is the same token stream as ``text`` (``rest`` keeps the line marks).
+    #: Many files start with the same includes, so the preamble is worth precompiling (``build._pch_plan``).
+    preamble: str = ""
+    rest: str = ""
+
+
+def host_text(model: Model, flat: Flat) -> HostTU:
     edits: List[Edit] = []
     for it in model.items:
         if it.kind in ("kernel", "kernel_decl"):
@@ -34,7 +43,27 @@ def host_text(model: Model, flat: Flat) -> str:
         edits.append((ns.start_byte, body.start_byte + 1, anon_opener(model)))
     edits += _launch_edits(model)
     text = _apply(model.src, edits)
-    return _with_lines(text, flat, prefix=_prefix(model))
+    whole = _with_lines(text, flat, prefix=_prefix(model))
+    includes, rest_line0 = _leading_includes(model)
+    if not any(p[1:-1].startswith(TORCH_INCLUDES) for p in includes):
+        return HostTU(whole)
+    preamble = _prefix(model) + "".join(f"#include {p}\n" for p in includes)
+    return HostTU(whole, preamble, _with_lines(text, flat, prefix="", start=rest_line0))
+
+
+def _leading_includes(model: Model) -> Tuple[List[str], int]:
+    """The ``<...>`` paths the file includes before anything but comments (a #define or #if before or between
+    them would change what they mean), and the 0-based line after the last. No edit touches those lines."""
+    includes, rest_line0 = [], 0
+    for c in model.masked.tree.root_node.children:
+        if c.type == "comment":
+            continue
+        path = c.child_by_field_name("path") if c.type == "preproc_include" else None
+        if path is None or path.type != "system_lib_string":
+            break
+        includes.append(model.text(path))
+        rest_line0 = model.src.count(b"\n", 0, c.end_byte) + (not model.src[:c.end_byte].endswith(b"\n"))
+    return includes, rest_line0
 
 
 #: cuda_runtime.h's C++ overloads taking a device variable by reference exist only under nvcc; without them
@@ -171,14 +200,15 @@ def quote(path: str) -> str:
     return path.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def _with_lines(text: str, flat: Flat, prefix: str) -> str:
-    """``text`` (line for line the flat file) with a ``#line`` mark wherever the origin jumps."""
+def _with_lines(text: str, flat: Flat, prefix: str, start: int = 0) -> str:
+    """``text`` (line for line the flat file) from its line ``start`` on, with a ``#line`` mark wherever the
+    origin jumps."""
     out = [prefix]
     prev = None
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
-    for i, ln in enumerate(lines):
+    for i, ln in enumerate(lines[start:], start):
         where = flat.where(i)
         if prev is None or where != (prev[0], prev[1] + 1):
             out.append(line_mark(*where))
