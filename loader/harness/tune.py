@@ -256,11 +256,12 @@ class _Card:
         return (space or spec.tune, reference or spec.reference, inputs or spec.make_inputs,
                 shape or max(spec.bench_sizes, key=math.prod), dtype or spec.bench_dtype)
 
-    def _load(self, config: Config, load: bool):
-        from ..loading import load as load_card
+    def _load(self, config: Config, load: bool, make_current: bool = True):
+        from ..loading import cards
 
-        defines = [f"-D{k}={v}" for k, v in config.items()]
-        return load_card(self.spec.name, kernels_dir=self.kernels_dir, extra_cuda_cflags=defines, load=load)
+        args = dict(kernels_dir=self.kernels_dir, extra_cuda_cflags=[f"-D{k}={v}" for k, v in config.items()],
+                    load=load)
+        return cards.load(self.spec.name, args, make_current)
 
     def prebuild(self, config: Config) -> None:
         self._load(config, load=False)
@@ -316,10 +317,7 @@ class _CardRoutes:
                 best = stored(name, source, tuple(x.shape), x.dtype, x.device, self.bucket)
                 fns = None
                 if best is not None and best in configurations(self.space):
-                    current = registry.latest(name)
-                    lib = self.card._load(best, load=True)
-                    if current is not None and current is not lib:
-                        registry.activate(current)  # the bucket's build serves its calls only
+                    lib = self.card._load(best, load=True, make_current=False)  # serves this bucket's calls only
                     fns = registry.eager(registry.overloads(lib)) if self.source == source else None
                 self.picked[key] = fns
             if len(self.seen) >= 4096:  # shapes without end (a growing sequence length): start over

@@ -34,11 +34,12 @@ EXTENSIONS: Dict[str, Tuple[object, Path]] = {}
 ROUTERS: Dict[str, Callable[[Dict[str, object]], Dict[str, object]]] = {}
 
 
-def add(lib: Library) -> None:
-    """Record a newly loaded build and make it its name's current one."""
+def add(lib: Library, make_current: bool = True) -> None:
+    """Record a newly loaded build and (unless told not to) make it its name's current one."""
     with _LOCK:
         BY_KEY[lib.key] = lib
-        activate(lib)
+        if make_current:
+            activate(lib)
 
 
 def activate(lib: Library) -> None:

@@ -12,7 +12,8 @@ from .opening import open_library
 _REGISTRATION = ["PYBIND11_MODULE", "TORCH_LIBRARY"]
 
 
-def load(name, args: Dict[str, Any]):
+def load(name, args: Dict[str, Any], make_current: bool = True):
+    """``make_current=False``: a build that serves some calls only (autotune's winner for a shape bucket)."""
     arguments.only_for_extensions(args, str(name), "sources=[...]")
     group, do_load = args.get("group"), arguments.option(args, "load", True)
     flags = arguments.build_flags(args)
@@ -22,7 +23,7 @@ def load(name, args: Dict[str, Any]):
         card = find(name, args.get("kernels_dir"))
         target = _plan(card, args.get("arch"), flags)
     nvrtc = _card_kernels(card, args.get("arch"), flags["extra_include_paths"], do_load, group)
-    return open_library(target, card, {**options, "name": str(name)}, do_load, group, nvrtc)
+    return open_library(target, card, {**options, "name": str(name)}, do_load, group, nvrtc, make_current)
 
 
 def _plan(card: Card, arch, flags):

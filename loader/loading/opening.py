@@ -65,15 +65,16 @@ def _obtain(target: _build.Target, prebuilt_ok: bool, group):
 
 
 def open_library(target: _build.Target, card: Optional[Card], options: dict, do_load: bool, group=None,
-                 nvrtc=None):
+                 nvrtc=None, make_current: bool = True):
     """A card's or an inline cell's build as a :class:`Library` (or :class:`BuildInfo`). ``nvrtc``: the card's
-    NVRTC kernels (``instant.card_kernels``), handed to the library before it becomes the card's current build."""
+    NVRTC kernels (``instant.card_kernels``), handed to the library before it becomes the card's current build;
+    ``make_current=False`` loads it without that (``kernelkit.ops`` keeps calling the current build)."""
     with _opening(target.key):
         lib = registry.by_key(target.key)
         if lib is not None:
             if group is not None:  # loaded here already, but the other ranks expect this one in the exchange
                 _obtain(target, True, group)
-            return _reuse(lib, card, options, do_load, nvrtc)
+            return _reuse(lib, card, options, do_load, nvrtc, make_current)
         if do_load:
             refuse_redefined_namespaces(target)  # before minutes of compiling for nothing
         so, cached, seconds = _obtain(target, True, group)
@@ -89,17 +90,17 @@ def open_library(target: _build.Target, card: Optional[Card], options: dict, do_
         module = card.module() if card is not None else None
         if module is not None and hasattr(module, "setup"):
             module.setup(lib)  # optional: the card's fake/autograd registrations, for this build's namespace
-        registry.add(lib)  # its ops are bound for kernelkit.ops from the dispatcher, no card code needed
+        registry.add(lib, make_current)  # its ops are bound for kernelkit.ops from the dispatcher, no card code
         return lib
 
 
-def _reuse(lib: Library, card: Optional[Card], options: dict, do_load: bool, nvrtc) -> Library:
+def _reuse(lib: Library, card: Optional[Card], options: dict, do_load: bool, nvrtc, make_current: bool) -> Library:
     """An unchanged build: no compiler, no dlopen, no hashing of the .so."""
     if card is not None:  # identical content may live elsewhere: watch the files asked for now
         lib.card, lib._options = card, options
     if nvrtc is not None and do_load and lib.nvrtc != nvrtc:  # only kernel files changed: no rebuild
         nvrtc.hand_to(lib)
-    if registry.latest(lib.name) is not lib:
+    if make_current and registry.latest(lib.name) is not lib:
         registry.activate(lib)
     return lib
 
