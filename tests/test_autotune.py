@@ -392,6 +392,7 @@ def _assert_ops_run_each_buckets_winner(tmp_path, first, before):
     assert _probe(4096) == signature[first["UNUSED"]] and _probe(3000) == signature[first["UNUSED"]]
     assert _probe(64) == signature[other["UNUSED"]] and _probe(1 << 17) == signature[other["UNUSED"]]  # untuned: current
     assert kernelkit.STATS["compiles"] - before == 5
+    _assert_buckets_follow_a_rebind({4096: signature[first["UNUSED"]], 64: signature[other["UNUSED"]]})
     child = subprocess.run([sys.executable, "-c", f"""
 import torch, kernelkit
 kernelkit.autotune("kk_tuned", kernels_dir={str(tmp_path)!r}, shape=(64,), device="cpu")
@@ -406,6 +407,29 @@ print(kernelkit.STATS["compiles"], *(float(kernelkit.ops.kk_tuned(torch.zeros(n)
     edited = pytest.approx((other["UNUSED"] - 1) * 1e-6, rel=1e-6, abs=1e-12)
     assert _probe(4096) == edited and _probe(64) == edited  # the edited build, never an old winner's
     cu.write_text(cu.read_text().replace("(A)(1e-6)", "(A)(1e-7)"))
+
+
+def _assert_buckets_follow_a_rebind(expected):
+    """Once the fast call path is loaded (registry rebinds every bound card), each bucket's calls go through
+    callables made then, from the same winners, not those picked before."""
+    from kernelkit.jit import registry
+
+    seen = []
+
+    def tagging(overload):
+        slow = getattr(overload, "_op", overload)
+        return lambda *a, **k: seen.append(overload) or slow(*a, **k)
+
+    real = registry.fastcall.wrap
+    registry.fastcall.wrap = tagging
+    try:
+        registry._use_fastcall()
+        for n, value in expected.items():
+            assert _probe(n) == value
+        assert len(seen) == len(expected)
+    finally:
+        registry.fastcall.wrap = real
+        registry._use_fastcall()
 
 
 def test_a_card_without_a_space_is_a_one_line_error_before_any_build():

@@ -289,8 +289,10 @@ class _CardRoutes:
         self.lock = threading.RLock()
 
     def __call__(self, fast: Dict[str, object]) -> Dict[str, object]:
-        source = _Card(self.card.spec.name, self.card.kernels_dir).source  # an edit: the old winners do not apply
-        if source != self.source:
+        """A (re)binding of the card: after an edit the old winners do not apply; after the fast call path
+        loaded, the buckets' callables are made again with it."""
+        source = _Card(self.card.spec.name, self.card.kernels_dir).source
+        with self.lock:
             self.source, self.picked, self.seen = source, {}, {}
         return {name: self._routed(name, fn) for name, fn in fast.items()}
 
