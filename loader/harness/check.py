@@ -346,9 +346,7 @@ def check(op, reference: Optional[Callable] = None, inputs: InputsArg = None, *,
     ``noncontiguous`` to ``spec.noncontiguous`` (False: contiguous inputs only, for an op that refuses others).
     ``contract`` (default on) holds a torch custom op to its contract, once, on a small case of the first
     dtype (``contract.py``). A card name is searched in ``kernels_dir`` (KERNELKIT_PATH + the built-in cards).
-    ``reuse`` (a :class:`CaseMemo`) keeps the value cases' inputs and reference outputs for the next check
-    of another op against the same reference, inputs and seed.
-    """
+    ``reuse``: a :class:`CaseMemo` shared by checks of several ops against one reference, inputs and seed."""
     t0 = time.perf_counter()
     _check_arguments(trials, shapes, dtypes)  # before a card is built
     op, reference, spec, device, fixed = _resolve(op, reference, spec, inputs, kernels_dir, device)
