@@ -166,7 +166,7 @@ def _settle(cache: Path, limit_s: float = 600) -> None:
     """Wait for kernelkit's background precompiled-header builders (each holds its ``building`` flock until it
     exits): a host edit is timed as a user sees it some minutes after the first build, not during it."""
     deadline = time.time() + limit_s
-    for claim in sorted(cache.glob("pch/*/building")):
+    for claim in sorted(cache.glob("*/pch/*/building")):  # <cache>/<layout>/pch/<key>/building
         with open(claim) as f:
             while True:
                 try:

@@ -373,6 +373,31 @@ def test_unreadable_pch_is_dropped_and_the_unit_compiled_without(pch_on, tmp_pat
     assert build.STATS["pch_rejected"] == rejected + 1 and not gch.exists() and not (root / "pch.json").exists()
 
 
+def test_a_preamble_pch_serves_every_edit_and_no_changed_header(cache_root, tmp_path):
+    """load_inline's sources live under their text's hash, so each edit's host TU has its own -I dir: the key of
+    the split preamble's PCH leaves such dirs out (gcc does not need -I to match), never a header it reads."""
+    inc, pre = tmp_path / "inc", tmp_path / "pre"
+    inc.mkdir()
+    pre.mkdir()
+    (inc / "mine.h").write_text("inline int mine() { return 1; }\n")
+    header = pre / "kk_host_preamble_0.h"
+    header.write_text("#include <vector>\n#include <mine.h>\n")
+
+    def root_for(edit: int) -> Path:
+        d = tmp_path / f"src{edit}"
+        d.mkdir(exist_ok=True)
+        text = f"#include <{header.name}>\nint f() {{ return {edit}; }}\n"
+        (d / "x.host.cpp").write_text(text)
+        unit = build.plan_unit("cpp", d / "x.host.cpp", text, [d, pre], [f"-I{inc}"], [], "x.cu (cpp part)",
+                               optimize=None, torch_style=True, pch_header=header)
+        return build._pch_plan(unit)[0]
+
+    first = root_for(0)
+    assert root_for(1) == first
+    (inc / "mine.h").write_text("inline int mine() { return 2; }\n")
+    assert root_for(2) != first
+
+
 def test_pch_is_sized_collected_and_cleared(cache_root):
     root = cache.subdir("pch") / "k1"
     (root / "kernelkit").mkdir(parents=True)

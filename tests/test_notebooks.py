@@ -12,7 +12,7 @@ pytest.importorskip("ipykernel")
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "examples").glob("*/*.ipynb"))
-GPU_ONLY = {"diffusion_graphs"}
+GPU_ONLY = {"diffusion_graphs", "autotune"}
 #: notebooks that read compiled code with NVIDIA's cuobjdump (the `inspect` extra, part of `dev`)
 NEEDS_CUOBJDUMP = {"05_inside_a_kernel"}
 

@@ -356,12 +356,22 @@ def pch_enabled() -> bool:
 
 def _pch_plan(unit: Unit) -> Tuple[Path, str, List[str]]:
     """Where the precompiled header for this TU's flags lives, its file there, and the command making it."""
-    if unit.pch_header is not None:  # named by its content: the TU's own flags, nothing left out
-        header = unit.pch_header
-        key = keys.pch_key(toolchain.fingerprint(), unit.flags, [], sources.sha256_bytes(header.read_bytes()))
-        return cache.subdir("pch") / key, f"{header.name}.gch", \
-            [toolchain.cxx(), *unit.flags, "-x", "c++-header", str(header)]
+    if unit.pch_header is not None:
+        return _preamble_pch_plan(unit, unit.pch_header)
     return _binding_pch_plan(unit)
+
+
+def _preamble_pch_plan(unit: Unit, header: Path) -> Tuple[Path, str, List[str]]:
+    """A split host TU's preamble, keyed by its text, what it reads outside the toolchain, and the TU's flags
+    but the include dirs of generated files (load_inline's sources live under their text's hash, and gcc
+    does not need -I to match): one PCH serves every edit of the file."""
+    text = header.read_text()
+    deps, _, roots = keys.unit_inputs("cpp", header, text, unit.flags)
+    generated = {f"-I{d}" for d in unit.local_dirs}
+    flags = [f for f in unit.flags if f not in generated]
+    key = keys.pch_key(toolchain.fingerprint(), flags, [], digest_tree(text.encode(), deps, roots))
+    return cache.subdir("pch") / key, f"{header.name}.gch", [toolchain.cxx(), *unit.flags, "-x", "c++-header",
+                                                              str(header)]
 
 
 def _binding_pch_plan(unit: Unit) -> Tuple[Path, str, List[str]]:
