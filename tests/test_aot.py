@@ -298,7 +298,7 @@ def hook(event, args):  # a read-only file system, even for root
 sys.addaudithook(hook)
 import torch, kernelkit
 from kernelkit.jit import build
-x = torch.randn(1000)
+x = torch.randn(1000, device=sys.argv[7] if len(sys.argv) > 7 else "cpu")  # argv[7]: the device
 expected = {"sigmoid": torch.sigmoid(x), "affine": 2 * x + 1}
 for name in sys.argv[5].split(","):  # each from the folder named by argv[6]
     lib = kernelkit.load(name, kernels_dir=sys.argv[3], **({"arch": sys.argv[4]} if name == "sigmoid" else {}))
@@ -397,18 +397,24 @@ def test_corrupt_or_unsafe_prebuilt_is_never_loaded(built, tmp_path, monkeypatch
     assert "symbolic link" in caplog.text and "building with JIT" in caplog.text
 
 
-@pytest.mark.slow
-def test_opt_in_wheel_contains_prebuilt_libraries(built, tmp_path):
-    """KERNELKIT_AOT=1 pip wheel (affine only, reusing the fixture's objects: only linking is new)."""
+def _wheel(built, tmp_path: Path, ops: str) -> Path:
+    """KERNELKIT_AOT=1 pip wheel of ``ops``, reusing the fixture's objects (only linking is new)."""
     wheels = tmp_path / "wheels"
-    t0 = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w", str(wheels), str(REPO)],
         capture_output=True, text=True, timeout=1200,
-        env=env(KERNELKIT_AOT=1, KERNELKIT_AOT_OPS="affine", KERNELKIT_AOT_KERNELS_DIR=built["cards"],
+        env=env(KERNELKIT_AOT=1, KERNELKIT_AOT_OPS=ops, KERNELKIT_AOT_KERNELS_DIR=built["cards"],
                 KERNELKIT_AOT_BUILD_DIR=built["root"] / "build"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [whl] = wheels.glob("kernelkit-*.whl")
+    return whl
+
+
+@pytest.mark.slow
+def test_opt_in_wheel_contains_prebuilt_libraries(built, tmp_path):
+    """KERNELKIT_AOT=1 pip wheel (affine only)."""
+    t0 = time.perf_counter()
+    whl = _wheel(built, tmp_path, "affine")
     import zipfile
 
     names = zipfile.ZipFile(whl).namelist()
@@ -425,7 +431,8 @@ def test_opt_in_wheel_contains_prebuilt_libraries(built, tmp_path):
     _installed_wheel_runs_without_compilers(whl, built, tmp_path)
 
 
-def _installed_wheel_runs_without_compilers(whl: Path, built, tmp_path: Path) -> None:
+def _installed_wheel_runs_without_compilers(whl: Path, built, tmp_path: Path, op: str = "affine",
+                                            device: str = "cpu") -> None:
     """The wheel installed on its own (no source tree, no editable install in the way), in a process with no
     C++ compiler, no CUDA toolkit and an empty read-only cache: the card runs from the wheel's prebuilt
     library, with no compiler process and nothing written."""
@@ -442,7 +449,8 @@ def _installed_wheel_runs_without_compilers(whl: Path, built, tmp_path: Path) ->
                            text=True, env=e, timeout=300)
     assert where.stdout.strip().startswith(str(site)), where.stdout + where.stderr
     proc = subprocess.run([sys.executable, "-c", DEPLOYED_PROBE, str(cache), str(site / "kernelkit" / "prebuilt"),
-                           str(built["cards"]), ARCH, "affine", "1"], capture_output=True, text=True, timeout=600, env=e)
+                           str(built["cards"]), ARCH, op, "1", device], capture_output=True, text=True, timeout=600,
+                          env=e)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "COMPILES 0" in proc.stdout and "SPAWNED" not in proc.stderr, proc.stdout + proc.stderr
     assert list(cache.iterdir()) == []
@@ -480,6 +488,13 @@ def test_cpp_consumer_builds_and_passes_ctest(built, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+def test_the_wheels_cuda_card_runs_on_the_gpu_with_no_compiler(built, tmp_path):
+    """The deployment the wheel is for: installed on its own, no C++ compiler, no CUDA toolkit, an empty
+    read-only cache; its sigmoid, built for this GPU's arch, runs on the GPU with no compile."""
+    _installed_wheel_runs_without_compilers(_wheel(built, tmp_path, "sigmoid"), built, tmp_path, "sigmoid", "cuda")
+
+
 @pytest.mark.gpu
 def test_prebuilt_cuda_op_matches_torch_and_jit(built, tmp_path):
     code = f"""
