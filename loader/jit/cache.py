@@ -6,8 +6,7 @@ Layout under ``cache_dir()`` (mode 0700, as is the directory it lives in)::
                                   json records the key and the sha256: a copy over another key's is corrupt)
     lib/<name>-<key16>/           one linked library: the .so and manifest.json (sha256 of the .so)
     pch/<key>/                    a precompiled header (<kernelkit/binding.h>, a split's host preamble), its
-                                  pch.json (sha256) and the
-                                  ``building`` claim its detached builder holds
+                                  pch.json (sha256) and the ``building`` claim its detached builder holds
     locks/<id>.lock               filelock locks (flock: released by the kernel if the holder dies)
     src/<key>/                    sources written for load_inline, and generated TUs and headers
     tmp/                          private build dirs; renamed into place only when complete

@@ -3,9 +3,9 @@
 nvcc as written parses torch's headers in three front ends (~45 s per edit). When ``split`` can prove it
 builds what nvcc builds, the file becomes a host TU for g++ (cached by its text, which a kernel-body edit
 leaves unchanged) and a torch-free device TU for nvcc (about a second), joined into one relocatable object
-(``ld -r``) cached under the unit's key, so the rest of the build sees one object per source as always. The host TU includes the file's leading torch
-includes as a header of their own (its preamble), which gcc takes precompiled where KERNELKIT_PCH allows: a
-host edit then costs the host code, not torch's headers again.
+(``ld -r``) cached under the unit's key, so the rest of the build sees one object per source as always. The
+host TU includes the file's leading torch includes as a header of their own (its preamble), which gcc takes
+precompiled where KERNELKIT_PCH allows: a host edit then costs the host code, not torch's headers again.
 Anything the split refuses, or a step that fails for a reason that is not plainly the user's code, builds
 the file as written: slower, never different.
 
