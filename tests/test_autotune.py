@@ -3,7 +3,9 @@ pruning, failures reported, the winner stored per device, dtype and shape bucket
 A fake timer stands in where a test needs exact times; one test times real CPU ops."""
 import subprocess
 import sys
+import threading
 import time
+import types
 
 import pytest
 import torch
@@ -430,6 +432,46 @@ def _assert_buckets_follow_a_rebind(expected):
     finally:
         registry.fastcall.wrap = real
         registry._use_fastcall()
+
+
+def test_a_bucket_pick_and_a_rebinding_never_wait_for_each_other(monkeypatch):
+    """A rebinding comes with the registry's lock held (the fast call path, loaded in its builder thread, rebinds
+    every card) while a call may be loading its bucket's build, which takes that lock: neither may wait for the
+    other (a CI run once hung there)."""
+    from kernelkit.jit import registry
+
+    started, rebound = threading.Event(), threading.Event()
+
+    class Card:
+        source, kernels_dir, spec = "text", None, types.SimpleNamespace(name="kk_routes_probe")
+
+        def __init__(self, *args):
+            pass
+
+        def _load(self, config, load, make_current):
+            started.set()
+            assert rebound.wait(10), "the rebinding waited for this load"
+            with registry._LOCK:  # what opening a build takes
+                return object()
+
+    monkeypatch.setattr(tune, "_Card", Card)
+    monkeypatch.setattr(tune, "stored", lambda *args, **kw: {"B": 1})
+    monkeypatch.setattr(registry, "overloads", lambda lib: {})
+    monkeypatch.setattr(registry, "eager", lambda ops: {"op": lambda x: "winner"})
+    routes = tune._CardRoutes(Card(), {"B": [1, 2]}, None)
+    call = routes({"op": lambda x: "current"})["op"]
+
+    def rebind():
+        assert started.wait(10)
+        with registry._LOCK:
+            routes({"op": lambda x: "current"})
+        rebound.set()
+
+    other = threading.Thread(target=rebind, daemon=True)
+    other.start()
+    assert call(torch.zeros(3)) == "winner"
+    other.join(10)
+    assert not other.is_alive() and routes.picked == {}  # picked under the earlier binding: not kept
 
 
 def test_a_card_without_a_space_is_a_one_line_error_before_any_build():

@@ -286,14 +286,17 @@ class _CardRoutes:
         self.source = card.source
         self.picked: Dict[tuple, Optional[Dict[str, object]]] = {}  # (device, dtype, bucket) -> eager callables
         self.seen: Dict[tuple, Optional[Dict[str, object]]] = {}  # (shape, dtype, device): the same, one lookup
-        self.lock = threading.RLock()
+        self.binding = 0  # counts (re)bindings: a pick made under an earlier one is not kept
+        # held for bookkeeping only, never while loading: a rebinding comes with the registry's lock held, and
+        # a load takes that lock
+        self.lock = threading.Lock()
 
     def __call__(self, fast: Dict[str, object]) -> Dict[str, object]:
         """A (re)binding of the card: after an edit the old winners do not apply; after the fast call path
         loaded, the buckets' callables are made again with it."""
         source = _Card(self.card.spec.name, self.card.kernels_dir).source
         with self.lock:
-            self.source, self.picked, self.seen = source, {}, {}
+            self.source, self.picked, self.seen, self.binding = source, {}, {}, self.binding + 1
         return {name: self._routed(name, fn) for name, fn in fast.items()}
 
     def _routed(self, op: str, default):
@@ -312,20 +315,22 @@ class _CardRoutes:
         return call
 
     def _pick(self, x: torch.Tensor) -> Optional[Dict[str, object]]:
+        key = (x.device, x.dtype, self.bucket(tuple(x.shape)))
         with self.lock:
-            key = (x.device, x.dtype, self.bucket(tuple(x.shape)))
-            if key not in self.picked:
-                name, source = self.card.spec.name, self.source
-                best = stored(name, source, tuple(x.shape), x.dtype, x.device, self.bucket)
-                fns = None
-                if best is not None and best in configurations(self.space):
-                    lib = self.card._load(best, load=True, make_current=False)  # serves this bucket's calls only
-                    fns = registry.eager(registry.overloads(lib)) if self.source == source else None
+            binding, source, fns = self.binding, self.source, self.picked.get(key, _UNSEEN)
+        if fns is _UNSEEN:
+            best = stored(self.card.spec.name, source, tuple(x.shape), x.dtype, x.device, self.bucket)
+            fns = None
+            if best is not None and best in configurations(self.space):
+                lib = self.card._load(best, load=True, make_current=False)  # serves this bucket's calls only
+                fns = registry.eager(registry.overloads(lib))
+        with self.lock:
+            if binding == self.binding:  # else a rebinding came meanwhile: the next call picks again
                 self.picked[key] = fns
-            if len(self.seen) >= 4096:  # shapes without end (a growing sequence length): start over
-                self.seen = {}
-            self.seen[(x.shape, x.dtype, x.device)] = self.picked[key]
-            return self.picked[key]
+                if len(self.seen) >= 4096:  # shapes without end (a growing sequence length): start over
+                    self.seen = {}
+                self.seen[(x.shape, x.dtype, x.device)] = fns
+        return fns
 
 
 def _device_identity(device: torch.device) -> str:
