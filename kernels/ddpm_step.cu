@@ -70,6 +70,6 @@ cudaError_t ddpm_step_cuda(const T* eps, const int64_t* timestep, const T* x, co
 #define KK_DDPM_STEP_INST(T)                                                                                  \
   template cudaError_t ddpm_step_cuda<T>(const T*, const int64_t*, const T*, const float*, int64_t, const T*, \
                                          PhiloxArgs, double, T*, int64_t, cudaStream_t);
-KK_INSTANTIATE_FLOATING(KK_DDPM_STEP_INST)
+KK_INSTANTIATE_FLOATING(KK_DDPM_STEP_INST);
 
 }  // namespace kk

@@ -8,4 +8,4 @@ template <typename A> struct MulOp {
 };
 }  // namespace kk
 
-KK_BINARY_LAUNCHER(kk::MulOp)
+KK_BINARY_LAUNCHER(kk::MulOp);

@@ -133,6 +133,6 @@ cudaError_t sample_normal_cuda(const T* mu, const T* sigma, T* out, int64_t d, i
 #define KK_SAMPLE_NORMAL_INST(T)                                                                        \
   template cudaError_t sample_normal_cuda<T>(const T*, const T*, T*, int64_t, int64_t, PhiloxArgs, \
                                              cudaStream_t);
-KK_INSTANTIATE_FLOATING(KK_SAMPLE_NORMAL_INST)
+KK_INSTANTIATE_FLOATING(KK_SAMPLE_NORMAL_INST);
 
 }  // namespace kk

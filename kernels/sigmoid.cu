@@ -36,5 +36,5 @@ template <typename A> struct SigmoidBackwardOp {
 
 }  // namespace kk
 
-KK_UNARY_LAUNCHER(kk::SigmoidOp)
-KK_BINARY_LAUNCHER(kk::SigmoidBackwardOp)
+KK_UNARY_LAUNCHER(kk::SigmoidOp);
+KK_BINARY_LAUNCHER(kk::SigmoidBackwardOp);

@@ -12,6 +12,6 @@ cudaError_t vector_add_cuda(const T* a, const T* b, T* out, double alpha, int64_
 
 #define KK_VECTOR_ADD_INST(T) \
   template cudaError_t vector_add_cuda<T>(const T*, const T*, T*, double, int64_t, cudaStream_t);
-KK_INSTANTIATE_FLOATING(KK_VECTOR_ADD_INST)
+KK_INSTANTIATE_FLOATING(KK_VECTOR_ADD_INST);
 
 }  // namespace kk

@@ -44,7 +44,7 @@ def plan(ops: Optional[Sequence[str]] = None, arch=None, kernels_dir=None) -> Li
             out.append((None, fastcall.target()))
             continue
         card = find(name, kernels_dir)
-        out.append((card, plan_card(card, arch, [], [], [], [])))
+        out.append((card, plan_card(card, arch, [], [], [], [], dtype_shards=False)))
     return out
 
 

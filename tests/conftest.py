@@ -9,6 +9,9 @@ if "KERNELKIT_TEST_KEEP_CACHE" not in os.environ:
 # The precompiled binding header (~450 MB, ~25 s of CPU) is exercised by its own test; elsewhere it would
 # only make every fresh test cache build one in the background.
 os.environ.setdefault("KERNELKIT_PCH", "0")
+# Dtype shards change how many compiles a build counts by the machine's cores: tests that count compiles see
+# one TU per file everywhere; tests/test_shards.py turns shards on and proves them equal to the whole file.
+os.environ.setdefault("KERNELKIT_DTYPE_SHARDS", "0")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -169,7 +169,7 @@ template <typename T> void ${name}_cpu(const T* x, T* out, int64_t n) {
 #define KK_${NAME}_INST(T)                                                    \\
   template cudaError_t ${name}_cuda<T>(const T*, T*, int64_t, cudaStream_t); \\
   template void ${name}_cpu<T>(const T*, T*, int64_t);
-KK_INSTANTIATE_FLOATING(KK_${NAME}_INST)
+KK_INSTANTIATE_FLOATING(KK_${NAME}_INST);
 
 }  // namespace kk
 """

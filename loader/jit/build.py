@@ -67,6 +67,8 @@ class Unit:
     #: a header the TU includes first, by its file name through an include dir, to precompile for its flags
     #: (a split's host preamble: torch's headers, parsed once per machine rather than per host edit)
     pch_header: Optional[Path] = None
+    #: (index, count): one of the dtype shards a card's .cu is compiled as (jit.shards); None: the file whole
+    shard: Optional[Tuple[int, int]] = None
 
     def command(self, out: Path, extra: Sequence[str] = ()) -> List[str]:
         compiler = toolchain.nvcc() if self.kind == "cu" else toolchain.cxx()
@@ -687,6 +689,10 @@ def torch_cost_advice(unit: Unit, seconds: float, why: str) -> None:
         "'Porting from torch.utils.cpp_extension'.")
 
 
+def _label(unit: Unit) -> str:
+    return f"{unit.display} in {unit.shard[1]} dtype shards" if unit.shard else unit.display
+
+
 def build(target: Target) -> Tuple[Path, bool, float]:
     """Return (path of the verified .so, whether it came from the cache, seconds spent building)."""
     so = cache.verified_library(target.name, target.key)
@@ -703,7 +709,7 @@ def build(target: Target) -> Tuple[Path, bool, float]:
         if so is not None:
             return so, True, 0.0
         todo = [u for u in target.units if cache.cached_object(u.key) is None]
-        names = ", ".join(u.display for u in todo) or "link only"
+        names = ", ".join(dict.fromkeys(_label(u) for u in todo)) or "link only"
         reused = len(target.units) - len(todo)
         desc = f"building {target.name} [{names}]" + (f", {reused} cached object(s) reused" if reused else "")
         t0 = time.perf_counter()

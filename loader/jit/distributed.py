@@ -138,7 +138,8 @@ def _target_files(target: _build.Target) -> Dict[str, str]:
     files = {"toolchain": toolchain.fingerprint(), "link flags": _digest("\0".join(target.ldflags).encode())}
     for u in target.units:
         files[f"file {u.display}"] = _read(u.path)
-        files[f"compile flags of {u.display}"] = u.key  # the unit key: what is left once the files agree
+        shard = f" (dtype shard {u.shard[0]})" if getattr(u, "shard", None) else ""
+        files[f"compile flags of {u.display}{shard}"] = u.key  # the unit key: what is left once the files agree
         for d in u.deps:
             files[f"file {target.display.get(str(d), d.name)}"] = _read(d)
     for path, sha in keys.link_files(target.ldflags):  # an archive or object the link flags name

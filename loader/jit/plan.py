@@ -6,13 +6,14 @@ it writes is generated source text, into the content-addressed ``src/`` cache (w
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 from ..errors import KernelkitError
 from . import build as _build
-from . import recall, syntax, toolchain, torch_cu
+from . import recall, shards, syntax, toolchain, torch_cu
 from .cache import source_bytes, write_source
 from .cards import Card
 from .sources import INCLUDE, sha256_bytes
@@ -70,7 +71,9 @@ def cpp_string(s: str) -> str:
 
 # ------------------------------------------------------------------------------------------------ cards
 def plan_card(card: Card, arch, extra_cflags, extra_cuda_cflags, extra_ldflags,
-              extra_include_paths) -> _build.Target:
+              extra_include_paths, dtype_shards: bool = True) -> _build.Target:
+    """``dtype_shards=False``: each .cu as one TU wherever this machine would shard it (an ahead-of-time build,
+    which no edit follows)."""
     spec = card.spec
     cflags = list(getattr(spec, "extra_cflags", ()) or ()) + extra_cflags
     cuflags = list(getattr(spec, "extra_cuda_cflags", ()) or ()) + extra_cuda_cflags
@@ -88,8 +91,7 @@ def plan_card(card: Card, arch, extra_cflags, extra_cuda_cflags, extra_ldflags,
             raise KernelkitError(f"card {card.name}: source {src} does not exist")
         text = src.read_text()
         kind = "cu" if src.suffix == ".cu" else "cpp"
-        units.append(_build.plan_unit(kind, src, text, include_dirs, cuflags if kind == "cu" else cflags,
-                                      archs, display(src)))
+        units += _card_units(kind, src, text, include_dirs, cuflags if kind == "cu" else cflags, archs, dtype_shards)
         texts[display(src)] = text.splitlines()
     header = card.header()
     if header is None and nvrtc:
@@ -108,6 +110,16 @@ def plan_card(card: Card, arch, extra_cflags, extra_cuda_cflags, extra_ldflags,
                                       f"{display(header)} (binding)", optimize="-O2",
                                       pch_defines=pch_defines(with_cuda)))
     return make_target(card.name, units, with_cuda, None, list(extra_ldflags), texts)
+
+
+def _card_units(kind: str, src: Path, text: str, include_dirs, flags, archs, dtype_shards: bool) -> List[_build.Unit]:
+    """The TU of a card's source, or its dtype shards (jit.shards) where it can be and sharding pays here."""
+    whole = _build.plan_unit(kind, src, text, include_dirs, flags, archs, display(src))
+    count = shards.count(kind, whole.uses_torch, text, whole.deps, whole.flags) if dtype_shards else 1
+    if count == 1:
+        return [whole]
+    return [dataclasses.replace(_build.plan_unit(kind, src, text, include_dirs, [*flags, shards.flag(i)], archs,
+                                                 display(src)), shard=(i, count)) for i in range(count)]
 
 
 # ------------------------------------------------------------------------------- kernelkit inline cells

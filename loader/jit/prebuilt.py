@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Iterable, List, Optional, Sequence, Set, Tuple
 
 from ..errors import CacheSecurityError, KernelkitError
-from . import keys, toolchain
+from . import keys, shards, toolchain
 from .progress import say
 from .sources import digest_tree, sha256_file
 
@@ -74,7 +74,11 @@ def source_key(target) -> str:
     """The machine-independent key of a planned build (a ``build.Target``): see ``keys.source_key``."""
     units = []
     for u in target.units:
+        shard = getattr(u, "shard", None)
+        if shard is not None and shard[0] > 0:  # dtype shards are one file compiled whole: one unit, as an AOT build has
+            continue
         _, _, flags = split_flags(u.flags)
+        flags = [f for f in flags if not (shard and f.startswith(f"-D{shards.DEFINE}="))]
         # the digest the unit was planned with, where build.Unit records it (else the files as they are now)
         digest = getattr(u, "digest", None) or digest_tree(u.path.read_bytes(), u.deps, getattr(u, "roots", ()))
         units.append((u.kind, flags, digest))

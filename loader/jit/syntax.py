@@ -117,7 +117,7 @@ class Directives(NamedTuple):
     whole: bool
 
 
-_CONDITIONALS = {"preproc_if", "preproc_ifdef", "preproc_elif", "preproc_elifdef"}
+CONDITIONALS = {"preproc_if", "preproc_ifdef", "preproc_elif", "preproc_elifdef"}
 
 
 @functools.lru_cache(maxsize=512)
@@ -153,8 +153,8 @@ def _requires(node) -> Tuple[Tuple[str, bool], ...]:
     out = []
     child, parent = node, node.parent
     while parent is not None:
-        if parent.type in _CONDITIONALS:
-            literals = _condition(parent)
+        if parent.type in CONDITIONALS:
+            literals = condition(parent)
             if parent.child_by_field_name("alternative") == child:
                 if literals is not None and len(literals) == 1:  # not (m defined) is (m not defined)
                     out.append((literals[0][0], not literals[0][1]))
@@ -164,7 +164,7 @@ def _requires(node) -> Tuple[Tuple[str, bool], ...]:
     return tuple(out)
 
 
-def _condition(node) -> Optional[List[Tuple[str, bool]]]:
+def condition(node) -> Optional[List[Tuple[str, bool]]]:
     """A conditional's test as (macro, defined) literals that must all hold, or None where it is not that."""
     if node.type in ("preproc_ifdef", "preproc_elifdef"):
         name = node.child_by_field_name("name")
@@ -235,7 +235,7 @@ def _as_nvcc_sees(text: str) -> str:
     if not any(m in data for m in _NVCC_QUALIFIER_MACROS):
         return text
     root = parse(text).root_node
-    own = _macros_set(root)
+    own = macros_set(root)
     out = bytearray(data)
     for n in walk(root):
         if n.type in ("identifier", "type_identifier") and n.child_count == 0 and n.text in _NVCC_QUALIFIER_MACROS \
@@ -249,10 +249,10 @@ def sets_nvcc_qualifier_macros(text: str) -> bool:
     means in a TU that includes ``text`` is not what :func:`device_only_bodies` assumes."""
     data = text.encode("utf-8", "surrogateescape")
     return any(m in data for m in _NVCC_QUALIFIER_MACROS) and bool(
-        _macros_set(parse(text).root_node) & set(_NVCC_QUALIFIER_MACROS))
+        macros_set(parse(text).root_node) & set(_NVCC_QUALIFIER_MACROS))
 
 
-def _macros_set(root) -> set:
+def macros_set(root) -> set:
     """Names the text ``#define``s or ``#undef``s."""
     names = set()
     for n in walk(root):

@@ -40,10 +40,46 @@ template <> KK_HD __nv_bfloat16 from_acc<__nv_bfloat16>(float x) { return __floa
 
 }  // namespace kk
 
+// KERNELKIT_DTYPE_SHARD=k (set by kernelkit, which compiles a card's .cu as four TUs on machines with cores to
+// spare: kernelkit.jit.shards): the instantiation macros below expand the k-th of the four dtypes only.
+#if !defined(KERNELKIT_DTYPE_SHARD)
+#define KK_DTYPE_SHARD_0_(...) __VA_ARGS__
+#define KK_DTYPE_SHARD_1_(...) __VA_ARGS__
+#define KK_DTYPE_SHARD_2_(...) __VA_ARGS__
+#define KK_DTYPE_SHARD_3_(...) __VA_ARGS__
+#elif KERNELKIT_DTYPE_SHARD == 0
+#define KK_DTYPE_SHARD_0_(...) __VA_ARGS__
+#define KK_DTYPE_SHARD_1_(...)
+#define KK_DTYPE_SHARD_2_(...)
+#define KK_DTYPE_SHARD_3_(...)
+#elif KERNELKIT_DTYPE_SHARD == 1
+#define KK_DTYPE_SHARD_0_(...)
+#define KK_DTYPE_SHARD_1_(...) __VA_ARGS__
+#define KK_DTYPE_SHARD_2_(...)
+#define KK_DTYPE_SHARD_3_(...)
+#elif KERNELKIT_DTYPE_SHARD == 2
+#define KK_DTYPE_SHARD_0_(...)
+#define KK_DTYPE_SHARD_1_(...)
+#define KK_DTYPE_SHARD_2_(...) __VA_ARGS__
+#define KK_DTYPE_SHARD_3_(...)
+#elif KERNELKIT_DTYPE_SHARD == 3
+#define KK_DTYPE_SHARD_0_(...)
+#define KK_DTYPE_SHARD_1_(...)
+#define KK_DTYPE_SHARD_2_(...)
+#define KK_DTYPE_SHARD_3_(...) __VA_ARGS__
+#else
+#error "KERNELKIT_DTYPE_SHARD: expected 0, 1, 2 or 3"
+#endif
+
 // Explicit instantiation of a card launcher `template <typename T> cudaError_t NAME(...)` for the four
-// floating dtypes. Usage: KK_INSTANTIATE_FLOATING(KK_MY_INST) with #define KK_MY_INST(T) template ...;
+// floating dtypes. Usage: KK_INSTANTIATE_FLOATING(KK_MY_INST); with #define KK_MY_INST(T) template ...;
 #define KK_INSTANTIATE_FLOATING(INST) \
-  INST(float)                         \
-  INST(double)                        \
-  INST(__half)                        \
-  INST(__nv_bfloat16)
+  KK_DTYPE_SHARD_0_(INST(float))      \
+  KK_DTYPE_SHARD_1_(INST(double))     \
+  KK_DTYPE_SHARD_2_(INST(__half))     \
+  KK_DTYPE_SHARD_3_(INST(__nv_bfloat16))
+
+// Expands INST(OP, T) for the four floating dtypes.
+#define KK_INSTANTIATE_FLOATING_OP(INST, OP)                                                              \
+  KK_DTYPE_SHARD_0_(INST(OP, float)) KK_DTYPE_SHARD_1_(INST(OP, double)) KK_DTYPE_SHARD_2_(INST(OP, __half)) \
+  KK_DTYPE_SHARD_3_(INST(OP, __nv_bfloat16))

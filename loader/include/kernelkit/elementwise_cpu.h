@@ -43,9 +43,6 @@ void cpu_run(char* const* data, const int64_t* strides, int64_t n) {
 
 }  // namespace kk
 
-// Expands INST(OP, T) for the four floating dtypes.
-#define KK_INSTANTIATE_FLOATING_OP(INST, OP) INST(OP, float) INST(OP, double) INST(OP, __half) INST(OP, __nv_bfloat16)
-
 // One line at file scope: the CPU loops of functor template OP (fully qualified, e.g. kk::ReluOp) that the
 // binding's unary_elementwise / binary_elementwise call, for the four floating dtypes.
 #define KK_UNARY_CPU_LOOP_T_(OP, T) template void kk::cpu_run<OP, T, 1>(char* const*, const int64_t*, int64_t);
