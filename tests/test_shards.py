@@ -14,7 +14,7 @@ import torch
 import kernelkit
 from kernelkit.errors import KernelkitError
 from kernelkit.frontends import scaffold
-from kernelkit.jit import build, cards, keys, plan, prebuilt, shards
+from kernelkit.jit import build, cards, keys, plan, prebuilt, shards, toolchain
 from kernelkit.jit.sources import INCLUDE
 
 KERNELS = Path(kernelkit.__file__).resolve().parent.parent / "kernels"
@@ -61,7 +61,8 @@ def test_every_scaffold_kind_shards(tmp_path, kind):
     ('extern "C" int c_entry(int);\n', "linkage specification"),
     ("#define HEADER <cstdio>\n#include HEADER\n", "#include"),
     ("SOME_REGISTRATION(kk::Op);\n", "not a call of a kernelkit"),
-    ("#define KERNELKIT_DTYPE_SHARD 0\n", "defines KERNELKIT_DTYPE_SHARD"),
+    ("#define KERNELKIT_DTYPE_SHARD 0\n", "names KERNELKIT_DTYPE_SHARD"),
+    ("#if KERNELKIT_DTYPE_SHARD == 0\n#include \"extra.h\"\n#endif\n", "names KERNELKIT_DTYPE_SHARD"),
     ("#undef KK_HD\n", "defines KK_HD"),
     ("namespace kk { struct Holder { int x; } holder; }\n", "a variable"),
     ("int broken( {\n", "grammar"),
@@ -120,6 +121,21 @@ def test_the_setting_and_the_cores_decide(monkeypatch):
 # ----------------------------------------------------------------------------- built both ways (compiles)
 def _plan(name: str, d: Path):
     return plan.plan_card(cards.find(name, d), "9.0", [], [], [], [])
+
+
+@pytest.mark.cuda_build
+def test_each_shard_is_the_unit_planned_with_its_define(tmp_path, monkeypatch):
+    """Shards are derived from the whole file's plan (a warm load scans its includes once): each has the key and
+    inputs a plan of the file with the shard's -D gives."""
+    scaffold.new_card("sh_plan", tmp_path, "unary")
+    monkeypatch.setenv(shards.ENV, "4")
+    target = _plan("sh_plan", tmp_path)
+    cu = tmp_path / "sh_plan.cu"
+    for unit in (u for u in target.units if u.shard):
+        planned = build.plan_unit("cu", cu, cu.read_text(), unit.local_dirs, [f"-D{shards.define(unit.shard[0])}"],
+                                  toolchain.arch_list("9.0"), unit.display)
+        assert (planned.key, planned.deps, planned.digest) == (unit.key, unit.deps, unit.digest)
+    assert len({u.key for u in target.units}) == len(target.units)
 
 
 @pytest.mark.cuda_build

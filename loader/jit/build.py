@@ -142,6 +142,15 @@ def plan_unit(kind: str, path: Path, text: str, include_dirs: Sequence[Path], ex
                 pch_header=pch_header)
 
 
+def with_define(unit: Unit, define: str, **changes) -> Unit:
+    """``unit`` compiled with one more ``-D`` that no file it reads tests in an ``#if`` (so it reads the same files:
+    its planned inputs stand, and only its key changes)."""
+    flags = [*unit.flags, f"-D{define}"]
+    compiler_id = toolchain.nvcc_fingerprint() if unit.kind == "cu" else ""
+    key = keys.unit_key(unit.kind, flags, unit.local_dirs, unit.digest, toolchain.fingerprint(), compiler_id)
+    return dataclasses.replace(unit, flags=flags, key=key, **changes)
+
+
 def link_flags(with_cuda: bool, pymodule: bool, extra: Sequence[str], standalone: bool = False) -> List[str]:
     # a library binds its own symbols first (-Bsymbolic): a reload never calls an older build's code
     flags = [] if standalone else ["-shared", "-Wl,-Bsymbolic"]

@@ -6,7 +6,6 @@ it writes is generated source text, into the content-addressed ``src/`` cache (w
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Union
@@ -118,8 +117,7 @@ def _card_units(kind: str, src: Path, text: str, include_dirs, flags, archs, dty
     count = shards.count(kind, whole.uses_torch, text, whole.deps, whole.flags) if dtype_shards else 1
     if count == 1:
         return [whole]
-    return [dataclasses.replace(_build.plan_unit(kind, src, text, include_dirs, [*flags, shards.flag(i)], archs,
-                                                 display(src)), shard=(i, count)) for i in range(count)]
+    return [_build.with_define(whole, shards.define(i), shard=(i, count)) for i in range(count)]
 
 
 # ------------------------------------------------------------------------------- kernelkit inline cells
