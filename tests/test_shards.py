@@ -67,6 +67,9 @@ def test_every_scaffold_kind_shards(tmp_path, kind):
     ("namespace kk { struct Holder { int x; } holder; }\n", "a variable"),
     ("int broken( {\n", "grammar"),
     ("#ifdef USE_SCRATCH\n__device__ float scratch;\n#endif\n", "device variable"),
+    ("template <typename T> T twice(T x) { return x + x; }\ntemplate <> float twice<float>(float x) { return 2 * x; }\n",
+     "explicit specialization"),
+    ("namespace kk { namespace detail {\nint calls = 0;\n} }\n", "line 4: a variable"),  # the innermost line
 ])
 def test_what_would_exist_once_per_shard_keeps_the_file_whole(extra, reason):
     why = shards.blocker(HEAD + OP + extra + CALL, ())
@@ -80,6 +83,7 @@ def test_what_would_exist_once_per_shard_keeps_the_file_whole(extra, reason):
     "using U = float;\ntypedef double V;\nstatic_assert(sizeof(float) == 4, \"x\");\nfloat declared_elsewhere(float);\n",
     "namespace { template <typename T> __global__ void k(T* x) { x[0] = T(1); } }\n",
     "KK_HD float both(float x) { return x; }\n__device__ __forceinline__ float dev(float x) { return x; }\n",
+    "template <typename T> T twice(T x) { return x + x; }\ntemplate <> inline float twice<float>(float x) { return 2 * x; }\n",
 ])
 def test_types_templates_inline_functions_and_binding_only_code_shard(extra):
     assert shards.blocker(HEAD + OP + extra + CALL, ()) is None

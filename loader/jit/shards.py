@@ -49,7 +49,7 @@ def count(kind: str, uses_torch: bool, text: str, deps: Sequence[Path], flags: S
                              "a file can be)")
     if setting in ("0", "1") or setting == "auto" and (os.cpu_count() or 1) < MIN_CPUS:
         return 1
-    if kind != "cu" or uses_torch or any(f.startswith((f"-D{DEFINE}", "-DKERNELKIT_BINDING")) for f in flags):
+    if kind != "cu" or uses_torch or any(DEFINE in f or "KERNELKIT_BINDING" in f for f in flags):
         return 1
     return SHARDS if blocker(text, tuple(deps)) is None else 1
 
@@ -100,8 +100,8 @@ def _file_blocker(text: str) -> Tuple[Optional[str], bool]:
 def _scope_blocker(nodes, calls: list) -> Optional[str]:
     for node in nodes:
         why = _node_blocker(node, calls)
-        if why:
-            return f"line {node.start_point[0] + 1}: {why}"
+        if why:  # the innermost line: a namespace's own line says nothing
+            return why if why.startswith("line ") else f"line {node.start_point[0] + 1}: {why}"
     return None
 
 
@@ -126,9 +126,14 @@ def _node_blocker(node, calls: list) -> Optional[str]:
             return None
         return "a statement that is not a call of a kernelkit instantiation macro"
     if kind == "template_declaration":
+        params = next((c for c in node.named_children if c.type == "template_parameter_list"), None)
         inner = [c for c in node.named_children if c.type != "template_parameter_list"]
-        variable = any(c.type == "declaration" and not _declares_function(c) for c in inner)
-        return "a variable template" if variable else None
+        if any(c.type == "declaration" and not _declares_function(c) for c in inner):
+            return "a variable template"
+        explicit = params is not None and params.named_child_count == 0  # template <>: a function defined once
+        if explicit and any(c.type == "function_definition" and not _is_inline(c) for c in inner):
+            return "an explicit specialization that is not inline (it would be defined in every shard)"
+        return None
     if kind == "function_definition":
         return None if _is_inline(node) else "a function that is not inline or a template (it would be defined in every shard)"
     if kind == "declaration":
