@@ -1,8 +1,9 @@
 """A card's math edit -> usable op, in one live process: the layout ``kernelkit new`` writes (the functors in
 ``<card>_math.h``, compiled for CUDA by the ``.cu`` and for the CPU by ``<card>_cpu.cpp``) against the layout
-before it (the functors in the ``.cu``, which also compiles their CPU loop), and the first layout with its ``.cu``
-never compiled in dtype shards (``KERNELKIT_DTYPE_SHARDS=0``; by default it is, on 4 cores or more), side by side
-in one run, each with its own fresh cache.
+before it (the functors in the ``.cu``, which also compiles their CPU loop), the first layout linked against torch's
+libraries on every edit (``KERNELKIT_LINK_STAND_INS=0``) and with its ``.cu`` never compiled in dtype shards
+(``KERNELKIT_DTYPE_SHARDS=0``; by default it is, on 4 cores or more), side by side in one run, each with its own
+fresh cache.
 
 Each edit changes the EDIT line of a unary card with a backward, loads it again and calls the op until it gives
 the new math: on the CPU, and on CUDA when a GPU is visible. Usage:
@@ -20,7 +21,7 @@ import sys
 import tempfile
 
 CHILD = r"""
-import fcntl, json, os, sys, time
+import json, os, sys, time
 from pathlib import Path
 import torch
 import kernelkit
@@ -28,6 +29,8 @@ from kernelkit.frontends import scaffold
 from kernelkit.jit import build, cards, fastcall, plan
 
 layout, d, edits = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+sys.path.insert(0, sys.argv[4])  # benchmarks/
+from pch_wait import wait_for_pch_builders
 files = scaffold.card_files("bench_cube", "unary", backward=True)
 if layout == "cu":  # the functors in the .cu, which compiles their CUDA launchers and CPU loops
     math = files.pop("bench_cube_math.h").replace("KK_MATH_FN", "KK_HD")
@@ -47,9 +50,7 @@ devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 def settle():  # what the first build starts in the background: an edit as a user sees it minutes later
     if fastcall.background_build_pays():
         fastcall.module()
-    for claim in Path(os.environ["KERNELKIT_CACHE_DIR"]).glob("*/pch/*/building"):
-        with open(claim) as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
+    wait_for_pch_builders(Path(os.environ["KERNELKIT_CACHE_DIR"]))
 
 
 def usable(k):
@@ -80,11 +81,12 @@ print(json.dumps(out))
 """
 
 
-def run(layout: str, shards: str, edits: int) -> dict:
+def run(layout: str, settings: dict, edits: int) -> dict:
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as cards:
-        env = dict(os.environ, KERNELKIT_CACHE_DIR=cache, KERNELKIT_DTYPE_SHARDS=shards)
-        p = subprocess.run([sys.executable, "-c", CHILD, layout, cards, str(edits)], capture_output=True, text=True,
-                           env=env, timeout=1800)
+        env = dict(os.environ, KERNELKIT_CACHE_DIR=cache, **settings)
+        here = os.path.dirname(os.path.abspath(__file__))
+        p = subprocess.run([sys.executable, "-c", CHILD, layout, cards, str(edits), here], capture_output=True,
+                           text=True, env=env, timeout=1800)
     if p.returncode != 0:
         raise RuntimeError(f"{layout} child failed:\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -104,18 +106,20 @@ def main() -> int:
     ap.add_argument("--edits", type=int, default=3)
     ap.add_argument("--json")
     args = ap.parse_args()
-    runs = [("apart", "auto", "math apart: _math.h, .cu, _cpu.cpp (kernelkit new)"),
-            ("apart", "0", "math apart, the .cu never in dtype shards"),
-            ("cu", "auto", "functors in the .cu, which compiles the CPU loops too")]
-    results = {f"{layout}/{shards}": run(layout, shards, args.edits) for layout, shards, _ in runs}
+    runs = [("apart", {}, "math apart: _math.h, .cu, _cpu.cpp (kernelkit new)"),
+            ("apart", {"KERNELKIT_LINK_STAND_INS": "0"}, "math apart, linked against torch itself"),
+            ("apart", {"KERNELKIT_DTYPE_SHARDS": "0"}, "math apart, the .cu never in dtype shards"),
+            ("cu", {}, "functors in the .cu, which compiles the CPU loops too")]
+    results = {name: run(layout, settings, args.edits) for layout, settings, name in runs}
     print(f"machine: {machine()}")
-    print("| layout | KERNELKIT_DTYPE_SHARDS | .cu TUs | cold build -> usable | math edit -> usable (median) "
+    print("| layout | settings | .cu TUs | cold build -> usable | math edit -> usable: median (all) "
           "| compiles per edit |")
     print("|---|---|---|---|---|---|")
-    for layout, shards, name in runs:
-        r = results[f"{layout}/{shards}"]
-        print(f"| {name} | {shards} | {r['cu_units']} | {r['cold']:.1f} s | {statistics.median(r['edits']):.2f} s "
-              f"| {max(r['compiles'])} |")
+    for _, settings, name in runs:
+        r = results[name]
+        every = ", ".join(f"{t:.2f}" for t in r["edits"])
+        print(f"| {name} | {' '.join(f'{k}={v}' for k, v in settings.items()) or 'defaults'} | {r['cu_units']} "
+              f"| {r['cold']:.1f} s | {statistics.median(r['edits']):.2f} s ({every}) | {max(r['compiles'])} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": machine(), **results}, f, indent=1)

@@ -20,7 +20,6 @@ Usage: python benchmarks/cpp_extension_bench.py [--styles cem sigmoid mul lltm m
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import shutil
@@ -28,8 +27,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from pch_wait import wait_for_pch_builders
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "torch_ext"
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "torch_cu"
@@ -162,22 +162,6 @@ def _prepare(style: str, work: Path, cuda: bool):
     return {"file": kernel_file, "old": old, "new": new}, None
 
 
-def _settle(cache: Path, limit_s: float = 600) -> None:
-    """Wait for kernelkit's background precompiled-header builders (each holds its ``building`` flock until it
-    exits): a host edit is timed as a user sees it some minutes after the first build, not during it."""
-    deadline = time.time() + limit_s
-    for claim in sorted(cache.glob("*/pch/*/building")):  # <cache>/<layout>/pch/<key>/building
-        with open(claim) as f:
-            while True:
-                try:
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.time() > deadline:
-                        return
-                    time.sleep(0.5)
-
-
 def measure(style: str, tool: str, root: Path, phases, warm_repeats: int, cuda: bool) -> dict:
     work = root / f"{style}-{tool}"
     work.mkdir()
@@ -193,7 +177,7 @@ def measure(style: str, tool: str, root: Path, phases, warm_repeats: int, cuda: 
         if phase not in phases or edit is None:
             continue
         if phase == "host_edit":
-            _settle(work / "kk_cache")
+            wait_for_pch_builders(work / "kk_cache")
         if style in NEW_PROCESS_EDIT:  # edit the file, then a new process loads it (the load call is timed)
             path = work / edit["file"]
             path.write_text(path.read_text().replace(edit["old"], edit["new"], 1))

@@ -12,6 +12,9 @@ os.environ.setdefault("KERNELKIT_PCH", "0")
 # Dtype shards change how many compiles a build counts by the machine's cores: tests that count compiles see
 # one TU per file everywhere; tests/test_shards.py turns shards on and proves them equal to the whole file.
 os.environ.setdefault("KERNELKIT_DTYPE_SHARDS", "0")
+# Link stand-ins cost a traced link and a proving link per library and process: tests/test_stand_ins.py turns
+# them on and proves them.
+os.environ.setdefault("KERNELKIT_LINK_STAND_INS", "0")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

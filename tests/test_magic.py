@@ -227,3 +227,37 @@ def test_magic_help_documents_every_option(shell):
     doc = shell.find_cell_magic("kernelkit").__doc__
     for option in ("--functions", "--arch", "--flags", "--cuda-flags", "--cpp", "--kernels", "--tune"):
         assert option in doc, option
+
+
+TORCH_CELL = """#include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
+__global__ void tscale_kernel(const float* x, float* y, long long n) {
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i < n) y[i] = 2.0f * x[i];
+}
+at::Tensor tscale(const at::Tensor& x) {
+  auto xc = x.contiguous(); auto y = at::empty_like(xc);
+  tscale_kernel<<<(xc.numel() + 255) / 256, 256, 0, at::cuda::getCurrentCUDAStream()>>>(
+      xc.data_ptr<float>(), y.data_ptr<float>(), xc.numel());
+  return y;
+}
+// --- binding ---
+at::Tensor tscale(const at::Tensor& x);
+KERNELKIT_LIBRARY(m) {
+  m.def("tscale(Tensor x) -> Tensor");
+  m.impl("tscale", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(tscale)));
+}
+"""
+
+
+@pytest.mark.gpu
+def test_a_cell_whose_device_part_includes_torch_reruns_its_kernel_edit_as_device_code_only(shell):
+    from kernelkit.jit import build
+
+    x = torch.randn(100_003, device="cuda")
+    shell.run_cell_magic("kernelkit", "tscale_cell", TORCH_CELL)
+    assert torch.equal(shell.user_ns["tscale"](x), 2.0 * x)
+    before = build.STATS["compiles"]
+    shell.run_cell_magic("kernelkit", "tscale_cell", TORCH_CELL.replace("2.0f * x[i]", "3.0f * x[i]"))
+    assert build.STATS["compiles"] - before == 1  # the split's device TU: its host TU and the binding are cached
+    assert torch.equal(shell.user_ns["tscale"](x), 3.0 * x)

@@ -70,6 +70,8 @@ def test_every_scaffold_kind_shards(tmp_path, kind):
     ("template <typename T> T twice(T x) { return x + x; }\ntemplate <> float twice<float>(float x) { return 2 * x; }\n",
      "explicit specialization"),
     ("namespace kk { namespace detail {\nint calls = 0;\n} }\n", "line 4: a variable"),  # the innermost line
+    ("__device__ float not_inline(float x) { return x; }\n", "not inline"),
+    ("#define KK_MATH_FN\nKK_MATH_FN float mine(float x) { return x; }\n", "defines KK_MATH_FN"),
 ])
 def test_what_would_exist_once_per_shard_keeps_the_file_whole(extra, reason):
     why = shards.blocker(HEAD + OP + extra + CALL, ())
@@ -83,6 +85,7 @@ def test_what_would_exist_once_per_shard_keeps_the_file_whole(extra, reason):
     "using U = float;\ntypedef double V;\nstatic_assert(sizeof(float) == 4, \"x\");\nfloat declared_elsewhere(float);\n",
     "namespace { template <typename T> __global__ void k(T* x) { x[0] = T(1); } }\n",
     "KK_HD float both(float x) { return x; }\n__device__ __forceinline__ float dev(float x) { return x; }\n",
+    "KK_DEVICE float d(float x) { return x; }\n__inline__ int g() { return 1; }\n__forceinline__ int h() { return 1; }\n",
     "template <typename T> T twice(T x) { return x + x; }\ntemplate <> inline float twice<float>(float x) { return 2 * x; }\n",
 ])
 def test_types_templates_inline_functions_and_binding_only_code_shard(extra):
@@ -106,20 +109,20 @@ def test_the_setting_and_the_cores_decide(monkeypatch):
     text = HEAD + OP + CALL
     monkeypatch.setattr("os.cpu_count", lambda: 16)
     monkeypatch.delenv(shards.ENV, raising=False)
-    assert shards.count("cu", False, text, [], []) == 4
-    assert shards.count("cpp", False, text, [], []) == 1
-    assert shards.count("cu", True, text, [], []) == 1  # a torch-including .cu: torch_cu's paths
-    assert shards.count("cu", False, text, [], ["-DKERNELKIT_DTYPE_SHARD=1"]) == 1
+    assert shards.count("cu", False, text, [], [], "d") == 4
+    assert shards.count("cpp", False, text, [], [], "d") == 1
+    assert shards.count("cu", True, text, [], [], "d") == 1  # a torch-including .cu: torch_cu's paths
+    assert shards.count("cu", False, text, [], ["-DKERNELKIT_DTYPE_SHARD=1"], "d") == 1
     monkeypatch.setenv(shards.ENV, "0")
-    assert shards.count("cu", False, text, [], []) == 1
+    assert shards.count("cu", False, text, [], [], "d") == 1
     monkeypatch.setenv(shards.ENV, "auto")
     monkeypatch.setattr("os.cpu_count", lambda: 2)
-    assert shards.count("cu", False, text, [], []) == 1
+    assert shards.count("cu", False, text, [], [], "d") == 1
     monkeypatch.setenv(shards.ENV, "4")
-    assert shards.count("cu", False, text, [], []) == 4
+    assert shards.count("cu", False, text, [], [], "d") == 4
     monkeypatch.setenv(shards.ENV, "8")
     with pytest.raises(KernelkitError, match="KERNELKIT_DTYPE_SHARDS='8': expected auto, 0"):
-        shards.count("cu", False, text, [], [])
+        shards.count("cu", False, text, [], [], "d")
 
 
 # ----------------------------------------------------------------------------- built both ways (compiles)

@@ -256,3 +256,39 @@ def test_a_load_inline_kernel_edit_compiles_device_code_only(capsys):
     load("1.0f")
     compiles, said = load("3.0f")
     assert compiles == 1 and "device TU" in said and "(device code only)" in said and "host TU cached" in said, said
+
+
+KEYWORD_CUDA = """#include <torch/extension.h>
+__global__ void thrice_kernel(const float* x, float* y, long long n) {
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i < n) y[i] = 3.0f * x[i];
+}
+at::Tensor thrice(const at::Tensor& x) {
+  auto y = at::empty_like(x);
+  thrice_kernel<<<(x.numel() + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
+  return y;
+}
+"""
+KEYWORD_CPP = """at::Tensor thrice(const at::Tensor& x);
+KERNELKIT_LIBRARY(m) {
+  m.def("thrice(Tensor x) -> Tensor");
+  m.impl("thrice", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(thrice)));
+}
+"""
+
+
+def test_kernelkits_own_load_inline_splits_a_torch_including_cuda_part_under_its_name(capsys):
+    """``load_inline(name, cuda=..., cpp=...)`` (and the %%kernelkit magic on it) keeps its sources under their
+    text's hash: the split cites ``<name>.cu``, so a kernel edit keeps the host TU and a typo cites that line."""
+    def load(text):
+        before = build.STATS["compiles"]
+        kernelkit.load_inline("kk_tcu_keyword", cuda=text, cpp=KEYWORD_CPP, arch="9.0")
+        return build.STATS["compiles"] - before, capsys.readouterr().err
+
+    load(KEYWORD_CUDA)
+    compiles, said = load(KEYWORD_CUDA.replace("3.0f * x[i]", "4.0f * x[i]"))
+    assert compiles == 1 and "host TU cached" in said, said
+    line = next(i for i, ln in enumerate(KEYWORD_CUDA.splitlines(), 1) if "3.0f * x[i]" in ln)
+    with pytest.raises(BuildError) as e:
+        load(KEYWORD_CUDA.replace("3.0f * x[i]", "3.0f * xx[i]"))
+    assert f"kk_tcu_keyword.cu:{line}" in str(e.value) and "xx" in str(e.value), str(e.value)

@@ -25,7 +25,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tupl
 
 from ..diagnostics import parse_diagnostics
 from ..errors import BuildError, KernelkitError, SourcesChanged
-from . import cache, keys, reaper, sources, toolchain
+from . import cache, keys, reaper, sources, stand_ins, toolchain
 from .progress import Status, say
 from .sources import INCLUDE, digest_tree, scan_includes, sha256_file
 
@@ -33,7 +33,7 @@ log = logging.getLogger("kernelkit")
 
 #: counters a test (or a curious user) can read: how many compiler/linker processes this process ran
 STATS = {"compiles": 0, "links": 0, "joins": 0, "pch_builds": 0, "pch_used": 0, "pch_rejected": 0,
-         "device_rebuilds": 0}
+         "device_rebuilds": 0, "stand_in_links": 0}
 _STATS_LOCK = threading.Lock()  # builds run in threads (autotune, a card's units): `+=` on a dict is not atomic
 
 
@@ -302,13 +302,44 @@ def _link(target: Target, cmd: List[str]) -> None:
     if target_key(target.name, target.units, target.ldflags) != target.key:
         raise changed("changed after planning")
     try:
-        _run(cmd, f"linking {target.name}", target, "links")
+        _link_once(target, cmd)
     except BuildError:
         if sources.snapshot(files) != before:  # the linker read an archive half written by an edit
             raise changed("changed while it was being linked") from None
         raise
     if sources.snapshot(files) != before:
         raise changed("changed while it was being linked")
+
+
+def _link_once(target: Target, cmd: List[str]) -> None:
+    """Link against torch's libraries' stand-ins where proven for these flags and objects; else link for real,
+    and where no stand-ins were tried for these flags yet, make them from what this link resolved."""
+    what, objects = f"linking {target.name}", [Path(a) for a in cmd[1:cmd.index("-o")]]
+    fast = stand_ins.command(target.name, target.ldflags, cmd, objects)
+    if fast is not None:
+        try:
+            _run(fast, what, target, "links")
+            _count("stand_in_links")
+            return
+        except BuildError:
+            log.debug("the link against stand-ins failed: linking for real, which says what is wrong")
+    if not stand_ins.wants_recipe(target.name, target.ldflags):
+        _run(cmd, what, target, "links")
+        return
+    scratch = _BUILDS[id(target)].pins
+    try:
+        trace = stand_ins.trace_flags(objects, scratch)
+    except (OSError, subprocess.SubprocessError):
+        trace = []
+    try:
+        output = _run(cmd + trace, what, target, "links")
+    except BuildError:
+        if not trace:
+            raise
+        _run(cmd, what, target, "links")  # the error without the trace's lines (or a link that passes now)
+        return
+    if trace:
+        stand_ins.make_recipe(target.name, target.ldflags, cmd, objects, Path(cmd[cmd.index("-o") + 1]), output, scratch)
 
 
 def _in_parallel(fn: Callable[[Unit], Path], units: Sequence[Unit], target: Target) -> List[Path]:

@@ -114,7 +114,7 @@ def plan_card(card: Card, arch, extra_cflags, extra_cuda_cflags, extra_ldflags,
 def _card_units(kind: str, src: Path, text: str, include_dirs, flags, archs, dtype_shards: bool) -> List[_build.Unit]:
     """The TU of a card's source, or its dtype shards (jit.shards) where it can be and sharding pays here."""
     whole = _build.plan_unit(kind, src, text, include_dirs, flags, archs, display(src))
-    count = shards.count(kind, whole.uses_torch, text, whole.deps, whole.flags) if dtype_shards else 1
+    count = shards.count(kind, whole.uses_torch, text, whole.deps, whole.flags, whole.digest) if dtype_shards else 1
     if count == 1:
         return [whole]
     return [_build.with_define(whole, shards.define(i), shard=(i, count)) for i in range(count)]
@@ -138,6 +138,8 @@ def plan_inline(name: str, cuda: Optional[str], cpp: Optional[str], funcs: Dict[
         if syntax.mentions_torch(cuda) and not syntax.includes_torch(cuda):
             # torch-style cell (as torch's load_inline accepts): give it torch's types, keep line numbers
             text = f'#include <torch/types.h>\n#line 1 "{name}.cu"\n' + cuda
+        elif syntax.includes_torch(cuda):  # split by torch_cu, which cites it by this name: its host TU (#line
+            text = f'#line 1 "{name}.cu"\n' + cuda  # marks, launcher names) outlives a kernel edit
         path = write_source(text, f"{name}.cu")
         unit = _build.plan_unit("cu", path, text, include_dirs, cuflags, archs, f"{name}.cu")
         torch_cu.prepare(unit)  # a cell whose device part uses torch: its kernels still rebuild alone

@@ -30,10 +30,11 @@ ENV = "KERNELKIT_DTYPE_SHARDS"
 SHARDED_MACROS = frozenset({
     "KK_INSTANTIATE_FLOATING", "KK_INSTANTIATE_FLOATING_OP", "KK_UNARY_CUDA_LAUNCHER", "KK_BINARY_CUDA_LAUNCHER",
     "KK_UNARY_LAUNCHER", "KK_BINARY_LAUNCHER", "KK_UNARY_CPU_LOOP", "KK_BINARY_CPU_LOOP"})
-#: kernelkit's qualifier macros, read as what they are where nvcc compiles (each is inline)
-_QUALIFIERS = {b"KK_HD": b"__host__ __device__ inline", b"KK_DEVICE": b"__device__ inline",
-               b"KK_MATH_FN": b"__device__ inline", b"__forceinline__": b"inline", b"__inline__": b"inline"}
-_RESERVED = SHARDED_MACROS | {DEFINE, "KERNELKIT_BINDING"} | {m.decode() for m in _QUALIFIERS}
+#: kernelkit's qualifier macros, read as what they expand to where nvcc compiles (<kernelkit/dtype.cuh>)
+_QUALIFIERS = {b"KK_HD": b"__host__ __device__ __forceinline__", b"KK_DEVICE": b"__device__ __forceinline__",
+               b"KK_MATH_FN": b"__device__ __forceinline__"}
+_RESERVED = SHARDED_MACROS | {DEFINE, "KERNELKIT_BINDING", "__forceinline__", "__inline__"} | \
+    {m.decode() for m in _QUALIFIERS}
 _ALWAYS_SAFE = {"comment", "preproc_def", "preproc_function_def", "preproc_call",
                 "struct_specifier", "class_specifier", "union_specifier", "enum_specifier", "alias_declaration",
                 "type_definition", "using_declaration", "namespace_alias_definition", "static_assert_declaration",
@@ -41,8 +42,9 @@ _ALWAYS_SAFE = {"comment", "preproc_def", "preproc_function_def", "preproc_call"
 _DEVICE_STORAGE = {b"__device__", b"__constant__", b"__managed__", b"__shared__"}
 
 
-def count(kind: str, uses_torch: bool, text: str, deps: Sequence[Path], flags: Sequence[str]) -> int:
-    """How many TUs to compile a unit as: SHARDS where it can be sharded and sharding pays here, else 1."""
+def count(kind: str, uses_torch: bool, text: str, deps: Sequence[Path], flags: Sequence[str], digest: str) -> int:
+    """How many TUs to compile a unit as: SHARDS where it can be sharded and sharding pays here, else 1.
+    ``digest``: the unit's text and what it includes, by content (a warm load reads no header again)."""
     setting = os.environ.get(ENV, "auto").strip().lower() or "auto"
     if setting not in ("auto", "0", "1", str(SHARDS)):
         raise KernelkitError(f"{ENV}={setting!r}: expected auto, 0 (never shard) or {SHARDS} (shard wherever "
@@ -51,7 +53,12 @@ def count(kind: str, uses_torch: bool, text: str, deps: Sequence[Path], flags: S
         return 1
     if kind != "cu" or uses_torch or any(DEFINE in f or "KERNELKIT_BINDING" in f for f in flags):
         return 1
-    return SHARDS if blocker(text, tuple(deps)) is None else 1
+    return SHARDS if _unit_blocker(digest, text, tuple(deps)) is None else 1
+
+
+@functools.lru_cache(maxsize=256)
+def _unit_blocker(digest: str, text: str, deps: Tuple[Path, ...]) -> Optional[str]:  # noqa: ARG001 - the key
+    return blocker(text, deps)
 
 
 def define(index: int) -> str:
@@ -83,13 +90,10 @@ def _file_blocker(text: str) -> Tuple[Optional[str], bool]:
     data = text.encode("utf-8", "surrogateescape")
     if DEFINE.encode() in data:  # a file that tests it may read other headers in a shard than planned
         return f"it names {DEFINE}", False
-    root = syntax.parse(text).root_node
+    root = syntax.parse(syntax.as_nvcc_sees(text, _QUALIFIERS)).root_node  # (a macro it defines is left as is)
     own = {n.decode(errors="replace") for n in syntax.macros_set(root)} & _RESERVED
     if own:
         return f"it defines {sorted(own)[0]}", False
-    for macro, meaning in _QUALIFIERS.items():  # (only where no definition of its own changes that)
-        data = data.replace(macro, meaning)
-    root = syntax.parse(data.decode("utf-8", "surrogateescape")).root_node
     if root.has_error:
         return "the grammar could not read all of it", False
     calls = []
@@ -161,8 +165,9 @@ def _declares_function(declaration) -> bool:
 
 
 def _is_inline(fn) -> bool:
-    return any(c.type == "storage_class_specifier" and c.text == b"inline" for c in fn.children) or \
-        any(c.type == "type_qualifier" and c.text in (b"constexpr", b"consteval") for c in fn.children)
+    return any(c.type == "storage_class_specifier" and c.text in (b"inline", b"__inline__") or
+               c.type == "__forceinline__" or
+               c.type == "type_qualifier" and c.text in (b"constexpr", b"consteval") for c in fn.children)
 
 
 def _declaration_blocker(node) -> Optional[str]:

@@ -4,7 +4,7 @@ grammar sees a definition, not where the text merely mentions one (a comment, a 
 from __future__ import annotations
 
 import functools
-from typing import FrozenSet, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 
 class MacroBlock(NamedTuple):
@@ -204,7 +204,7 @@ def device_only_bodies(text: str) -> Optional[Tuple[Tuple[int, int], ...]]:
     body's use of it adds a registration on the host side). A ``constexpr`` function is left out too: with
     ``--expt-relaxed-constexpr`` host code may call it. kernelkit's ``KK_MATH_FN`` counts as the ``__device__``
     it is wherever nvcc compiles (``<kernelkit/dtype.cuh>``)."""
-    root = parse(_as_nvcc_sees(text)).root_node
+    root = parse(as_nvcc_sees(text, _NVCC_QUALIFIER_MACROS)).root_node
     if root.has_error:
         return None
     brace_macros = _brace_macros(root)
@@ -228,19 +228,19 @@ def device_only_bodies(text: str) -> Optional[Tuple[Tuple[int, int], ...]]:
 _NVCC_QUALIFIER_MACROS = {b"KK_MATH_FN": b"__device__"}
 
 
-def _as_nvcc_sees(text: str) -> str:
-    """``text`` with each use of a macro of ``_NVCC_QUALIFIER_MACROS`` written as what it expands to, unless the
-    text defines or undefines that macro itself (then it is left alone: its meaning is the text's)."""
+def as_nvcc_sees(text: str, meanings: Dict[bytes, bytes]) -> str:
+    """``text`` with each use of a macro of ``meanings`` (kernelkit's qualifier macros) written as what it expands
+    to, unless the text defines or undefines that macro itself (then it is left alone: its meaning is the text's)."""
     data = text.encode("utf-8", "surrogateescape")
-    if not any(m in data for m in _NVCC_QUALIFIER_MACROS):
+    if not any(m in data for m in meanings):
         return text
     root = parse(text).root_node
     own = macros_set(root)
+    uses = [n for n in walk(root) if n.type in ("identifier", "type_identifier") and n.child_count == 0
+            and n.text in meanings and n.text not in own]
     out = bytearray(data)
-    for n in walk(root):
-        if n.type in ("identifier", "type_identifier") and n.child_count == 0 and n.text in _NVCC_QUALIFIER_MACROS \
-                and n.text not in own:
-            out[n.start_byte:n.end_byte] = _NVCC_QUALIFIER_MACROS[n.text]
+    for n in sorted(uses, key=lambda n: n.start_byte, reverse=True):  # from the end: what precedes stays put
+        out[n.start_byte:n.end_byte] = meanings[n.text]
     return out.decode("utf-8", "surrogateescape")
 
 
