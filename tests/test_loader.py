@@ -109,6 +109,7 @@ def test_unwritable_cache_fails_a_build_clearly_and_poisons_nothing(card_dir, mo
 
 def test_refresh_reloads_edited_cards(card_dir):
     kernelkit.load("affine", kernels_dir=card_dir)
+    kernelkit.refresh()  # rebuilds now what other tests of this worker left edited or set otherwise
     src = card_dir / "affine.cpp"
     src.write_text(src.read_text().replace("+ OFFSET", "+ 2 * OFFSET"))
     assert "affine" in kernelkit.refresh()
@@ -120,6 +121,7 @@ def test_refresh_skips_a_card_whose_files_are_gone_and_reloads_the_rest(card_dir
     kernelkit.load("affine", kernels_dir=card_dir)
     (card_dir / "plain.cpp").write_text('extern "C" int plain() { return 1; }\n')  # no header: no binding to build
     kernelkit.load("plain", kernels_dir=card_dir)
+    kernelkit.refresh()  # rebuilds now what other tests of this worker left edited or set otherwise
     (card_dir / "plain.cpp").unlink()
     src = card_dir / "affine.cpp"
     src.write_text(src.read_text().replace("+ OFFSET", "+ 3 * OFFSET"))
