@@ -627,6 +627,50 @@ def test_sigkill_of_the_building_process_ends_its_compilers(cache_root, card, tm
     assert not _alive(int(watchdog)), "the watchdog outlived a process that exited normally"
 
 
+TOOL_CHILD = """
+import sys
+from kernelkit.jit import reaper
+reaper.run(["sh", "-c", "echo $$ > " + sys.argv[1] + "; exec sleep 60"])
+"""
+
+
+def test_sigkill_of_a_process_ends_the_tool_it_runs_in_a_watched_group(tmp_path):
+    """The link stand-ins' nm, readelf and proving link run through reaper.run: a process killed meanwhile
+    leaves none of them running."""
+    pidfile = tmp_path / "tool.pid"
+    child = subprocess.Popen([sys.executable, "-c", TOOL_CHILD, str(pidfile)], stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (pidfile.exists() and pidfile.read_text().strip()):
+        assert child.poll() is None, child.communicate()
+        assert time.time() < deadline, "the tool never started"
+        time.sleep(0.05)
+    group = int(pidfile.read_text())
+    try:
+        assert group != os.getpgid(child.pid) and _running_in_group(group)
+        child.kill()
+        child.communicate()
+        deadline = time.time() + 5
+        while _running_in_group(group) and time.time() < deadline:
+            time.sleep(0.05)
+        assert _running_in_group(group) == [], "the tool outlived its process"
+    finally:
+        for pid in _running_in_group(group):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+
+
+def test_reaper_run_returns_the_output_and_raises_on_failure(monkeypatch):
+    told = []
+    monkeypatch.setattr(reaper, "watch_group", lambda pgid: told.append(("+", pgid)))
+    monkeypatch.setattr(reaper, "unwatch_group", lambda pgid: told.append(("-", pgid)))
+    assert reaper.run(["sh", "-c", "echo out; echo err >&2"]).stdout == "out\n"
+    assert reaper.run(["sh", "-c", "exit 3"], check=False).returncode == 3
+    with pytest.raises(subprocess.CalledProcessError, match="exit status 3") as failed:
+        reaper.run(["sh", "-c", "echo why >&2; exit 3"])
+    assert failed.value.stderr == "why\n"
+    assert [sign for sign, _ in told] == ["+", "-"] * 3 and told[0][1] == told[1][1] != told[2][1]
+
+
 def _fork_has_its_own_watchdog(parents_end: str, scratch: Path, results) -> None:
     if parents_end in _open_files():
         results.put("the parent's end of the watchdog socket is open in the forked child")

@@ -88,6 +88,24 @@ def test_stand_ins_give_the_real_links_interface_and_serve_only_the_objects_they
     assert stand_ins.command("lib", ldflags, cmd, [user]) is None and not stand_ins.wants_recipe("x", ldflags)
 
 
+def test_a_symbol_the_proving_objects_defined_is_not_covered_once_they_no_longer_do(tmp_path, monkeypatch):
+    """own.o defines fake_fn at the proving link, so its stand-in lacks it; objects that leave fake_fn to
+    torch again would link it untyped against the stand-ins, which is not the real link's interface."""
+    ldflags, user, _ = _fake_torch(tmp_path, monkeypatch)
+    own = _cc(tmp_path, "own.o", "int fake_fn(int x) { return x + 2; }", "-c")
+    cmd, out, said = _real_link(tmp_path, ldflags, [user, own], "real.so",
+                                stand_ins.trace_flags([user, own], tmp_path))
+    stand_ins.make_recipe("lib", ldflags, cmd, [user, own], out, said, tmp_path)
+    recipe = stand_ins._RECIPES[("lib", *ldflags)]
+    assert recipe is not None and "fake_fn" not in recipe.covered
+    assert stand_ins.command("lib", ldflags, cmd, [user, own]) is not None  # own.o still defines it
+    alone, _, _ = _real_link(tmp_path, ldflags, [user], "alone.so")
+    assert stand_ins.command("lib", ldflags, alone, [user]) is None
+    subprocess.run(stand_ins._with_stand_ins([*alone[:-len(ldflags) - 1], str(tmp_path / "gap.so"), *ldflags],
+                                             recipe.where), check=True)
+    assert stand_ins.interface(tmp_path / "gap.so") != stand_ins.interface(tmp_path / "alone.so")  # why
+
+
 def test_stand_ins_whose_link_differs_are_never_used(tmp_path, monkeypatch):
     ldflags, user, _ = _fake_torch(tmp_path, monkeypatch)
     trace = stand_ins.trace_flags([user], tmp_path)

@@ -15,7 +15,6 @@ import logging
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -185,7 +184,7 @@ class _Children:
             self.procs.add(proc)
             cancelled = self.cancelled
         if cancelled:  # started by a worker just as the build was interrupted
-            _kill_group(proc)
+            reaper.end_group(proc)
 
     def discard(self, proc: subprocess.Popen) -> None:
         with self.lock:
@@ -196,7 +195,7 @@ class _Children:
             self.cancelled = True
             procs = list(self.procs)
         for proc in procs:
-            _kill_group(proc)
+            reaper.end_group(proc)
 
 
 @dataclasses.dataclass
@@ -234,20 +233,6 @@ def _private_dir(prefix: str) -> Iterator[Path]:
         reaper.unwatch_dir(path)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """End a compiler and everything it started (cc1plus, cicc, ptxas live in its process group)."""
-    for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, None)):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def _spawn(cmd: List[str]) -> subprocess.Popen:
     """Start ``cmd`` in its own process group (so that it and its children can be ended together), which
     the watchdog ends should this process die first (_run tells it when the group has ended)."""
@@ -275,7 +260,7 @@ def _run(cmd: List[str], what: str, target: Target, counter: str) -> str:
     try:
         output, _ = proc.communicate()
     except BaseException:  # KeyboardInterrupt while waiting: the compiler must not outlive the build
-        _kill_group(proc)
+        reaper.end_group(proc)
         raise
     finally:
         children.discard(proc)

@@ -1,7 +1,7 @@
 """A watchdog that ends this process's compilers, and removes its private build dirs, once it has died.
 
 Compilers run in process groups of their own, so that an interrupted build ends each with everything it
-started (cicc, ptxas, cc1plus: build._kill_group). A process that is killed outright (SIGKILL, the OOM
+started (cicc, ptxas, cc1plus: end_group). A process that is killed outright (SIGKILL, the OOM
 killer) ends none of them: they would run on, competing with the retry, and leave their files in the
 cache's tmp/. So the first build of a process starts one small watchdog (``python -S -I``, in a session
 of its own so that a signal to this process's group or terminal does not reach it). It reads a socket
@@ -16,10 +16,12 @@ import contextlib
 import fcntl
 import logging
 import os
+import signal
 import socket
+import subprocess
 import sys
 import threading
-from typing import Optional, Set
+from typing import List, Optional, Set
 
 log = logging.getLogger("kernelkit")
 
@@ -172,6 +174,38 @@ def unwatch_dir(path: os.PathLike) -> None:
     with _lock:
         _dirs.discard(path)
         _tell(b"u%s\n" % _hex(path))
+
+
+def end_group(proc: subprocess.Popen) -> None:
+    """End a tool started in a group of its own and everything it started (cc1plus, cicc, ptxas, ld)."""
+    for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run(cmd: List[str], check: bool = True) -> subprocess.CompletedProcess:
+    """Run a short tool (nm, readelf, a linker) as compilers run: in a group of its own, ended with this
+    process or an interrupt, never left writing into a dir the watchdog removes. Text output captured."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    watch_group(proc.pid)
+    try:
+        out, err = proc.communicate()
+    except BaseException:
+        end_group(proc)
+        raise
+    finally:
+        unwatch_group(proc.pid)
+    if check and proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, cmd, out, err)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _hex(path: str) -> bytes:

@@ -37,7 +37,7 @@ class Recipe:
     """Stand-ins made for one set of link flags: where they are, what they define, the real files they stand for."""
 
     where: Path
-    covered: FrozenSet[str]  # every undefined symbol of the objects of the proving link
+    covered: FrozenSet[str]  # what the proving link's objects referenced and took from no object of theirs
     real: Tuple[Tuple[str, Tuple[int, int, int]], ...]  # (real library, its (inode, size, mtime)) at making
 
     def still_true(self) -> bool:
@@ -47,7 +47,8 @@ class Recipe:
 _LOCK = threading.Lock()
 #: (library name, *link flags) -> its recipe, or None where the stand-ins could not be proven (not tried again)
 _RECIPES: Dict[Tuple[str, ...], Optional[Recipe]] = {}
-_UNDEFINED: Dict[Tuple[int, int, int, int], FrozenSet[str]] = {}  # an object's (dev, inode, size, mtime)
+#: an object's (dev, inode, size, mtime) -> its (undefined, defined) external symbols
+_SYMBOLS: Dict[Tuple[int, int, int, int], Tuple[FrozenSet[str], FrozenSet[str]]] = {}
 _DIR: List[Path] = []
 
 
@@ -65,7 +66,7 @@ def command(name: str, ldflags: Sequence[str], cmd: List[str], objects: Sequence
     if recipe is None or not recipe.still_true():
         return None
     try:
-        if not undefined(objects) <= recipe.covered:
+        if not _needed(objects) <= recipe.covered:
             return None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -105,7 +106,8 @@ def make_recipe(name: str, ldflags: Sequence[str], cmd: List[str], objects: Sequ
 def _prove(cmd: List[str], objects: Sequence[Path], out: Path, trace: str, scratch: Path) -> Optional[Recipe]:
     torch_dirs = {os.path.realpath(p) for p in toolchain.torch_library_paths(False)}  # torch's own, not CUDA's
     libs: Dict[str, Set[str]] = collections.defaultdict(set)
-    for symbol, path in _definitions(trace).items():
+    definitions = _definitions(trace)
+    for symbol, path in definitions.items():
         if os.path.dirname(os.path.realpath(path)) in torch_dirs:
             libs[path].add(symbol)
     kinds, versioned = _undefined_kinds(out)
@@ -116,13 +118,15 @@ def _prove(cmd: List[str], objects: Sequence[Path], out: Path, trace: str, scrat
     for path, symbols in libs.items():
         _write_stand_in(Path(path), sorted(symbols), kinds, where)
     trial = scratch / f"stand-in-{out.name}"
-    proc = subprocess.run(_with_stand_ins([*cmd[:cmd.index("-o") + 1], str(trial), *cmd[cmd.index("-o") + 2:]],
-                                          where), capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    proc = reaper.run(_with_stand_ins([*cmd[:cmd.index("-o") + 1], str(trial), *cmd[cmd.index("-o") + 2:]], where),
+                      check=False)
     if proc.returncode != 0 or interface(trial) != interface(out):
         log.debug("link stand-ins for %s not proven: %s", out.name, proc.stderr[-300:] or "interfaces differ")
         return None
     real = tuple((os.path.realpath(p), _identity(p)) for p in libs)
-    return Recipe(where, undefined(objects), real)
+    own = {os.path.realpath(o) for o in objects}  # a symbol one of them defined is torch's once it no longer does
+    taken = {s for s, path in definitions.items() if os.path.realpath(path) in own}
+    return Recipe(where, undefined(objects) - taken, real)
 
 
 def _definitions(trace: str) -> Dict[str, str]:
@@ -160,9 +164,8 @@ def _write_stand_in(real: Path, symbols: List[str], kinds: Dict[str, Tuple[str, 
     asm = where / f"{real.name}.s"
     asm.write_text("\n".join(lines) + "\n")
     soname = _soname(real)
-    subprocess.run([toolchain.cxx(), "-shared", "-nostdlib", *([f"-Wl,-soname,{soname}"] if soname else []),
-                    str(asm), "-o", str(where / real.name)], check=True, capture_output=True,
-                   stdin=subprocess.DEVNULL)
+    reaper.run([toolchain.cxx(), "-shared", "-nostdlib", *([f"-Wl,-soname,{soname}"] if soname else []), str(asm),
+                "-o", str(where / real.name)])
 
 
 def _soname(lib: Path) -> Optional[str]:
@@ -179,30 +182,37 @@ def _with_stand_ins(cmd: List[str], where: Path) -> List[str]:
 
 
 def undefined(objects: Sequence[Path]) -> FrozenSet[str]:
-    """Every symbol the objects reference and do not define (``nm -u``), remembered per file."""
-    result: Set[str] = set()
-    todo = []
+    """Every symbol some object references and does not define itself (``nm -u``)."""
+    return frozenset().union(*(undef for undef, _ in _symbols(objects)))
+
+
+def _needed(objects: Sequence[Path]) -> FrozenSet[str]:
+    """What the link of ``objects`` must take from a library: referenced by one and defined by none."""
+    tables = _symbols(objects)
+    return frozenset().union(*(u for u, _ in tables)) - frozenset().union(*(d for _, d in tables))
+
+
+def _symbols(objects: Sequence[Path]) -> List[Tuple[FrozenSet[str], FrozenSet[str]]]:
+    """(undefined, defined) external symbols of each object, from one ``nm`` for the files not read before
+    (most of an edit's objects are new), remembered per file."""
+    idents = []
     for o in objects:
         st = os.stat(o)
-        ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        idents.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+    with _LOCK:
+        todo = {str(o): ident for o, ident in zip(objects, idents) if ident not in _SYMBOLS}
+    if todo:
+        found: Dict[str, Tuple[Set[str], Set[str]]] = {path: (set(), set()) for path in todo}
+        for line in reaper.run(["nm", "-g", "-A", "--format=posix", *todo]).stdout.splitlines():
+            path, _, rest = line.rpartition(": ")  # "<object>: <symbol> <type> [<value> <size>]"
+            fields = rest.split()
+            if path in found and len(fields) >= 2:
+                found[path][fields[1] not in "Uwv"].add(fields[0])
         with _LOCK:
-            known = _UNDEFINED.get(ident)
-        if known is None:
-            todo.append((o, ident))
-        else:
-            result |= known
-    if todo:  # one nm for all: most of an edit's objects are new
-        out = subprocess.run(["nm", "-u", "-A", "--format=posix", *(str(o) for o, _ in todo)], capture_output=True,
-                             text=True, check=True, stdin=subprocess.DEVNULL).stdout
-        found: Dict[str, Set[str]] = {str(o): set() for o, _ in todo}
-        for line in out.splitlines():
-            path, symbol, _ = line.rstrip().rsplit(" ", 2)  # "<object>: <symbol> U"
-            found.setdefault(path[:-1], set()).add(symbol)
-        with _LOCK:
-            for o, ident in todo:
-                _UNDEFINED[ident] = frozenset(found.get(str(o), ()))
-        result = result.union(*found.values())
-    return frozenset(result)
+            for path, ident in todo.items():
+                _SYMBOLS[ident] = (frozenset(found[path][0]), frozenset(found[path][1]))
+    with _LOCK:
+        return [_SYMBOLS[ident] for ident in idents]
 
 
 def interface(lib: Path) -> Tuple[tuple, ...]:
@@ -246,8 +256,7 @@ def _sections(lib: Path):
 
 
 def _readelf(option: str, lib: Path) -> str:
-    return subprocess.run(["readelf", "-W", option, str(lib)], capture_output=True, text=True, check=True,
-                          stdin=subprocess.DEVNULL).stdout
+    return reaper.run(["readelf", "-W", option, str(lib)]).stdout
 
 
 def _identity(path: str) -> Tuple[int, int, int]:
