@@ -479,3 +479,22 @@ def test_a_card_without_a_space_is_a_one_line_error_before_any_build():
     with pytest.raises(ValueError, match=r"autotune elementwise_mul: space: the card's Spec names no tune="):
         kernelkit.autotune("elementwise_mul", device="cpu")
     assert kernelkit.STATS["compiles"] == before
+
+
+def test_many_near_equal_configurations_are_narrowed_by_a_second_short_run_before_the_full_budget():
+    k = Kernels()
+    budgets = []
+    cost = {64: 4.0, 128: 4.0, 256: 4.2, 512: 4.4, 1024: 4.6, 2048: 4.8}  # all within 1.5x: the first run keeps all
+
+    def timer(fns, budget_ms):
+        budgets.append((len(fns), budget_ms))
+        return k.timer(lambda c: cost[c["block"]])(fns, budget_ms)
+
+    result = tune.autotune(k.make, {"block": list(cost)}, reference=reference, inputs=make_inputs, shape=(1000,),
+                           name="kk_narrow", device="cpu", budget_ms=50, store=False, timer=timer)
+    assert budgets == [(6, 10.0), (6, 10.0), (2, 50.0)]
+    status = {c.config["block"]: c.status for c in result.candidates}
+    assert sorted(s for b, s in status.items() if b in (64, 128)) == ["best", "ok"]  # a tie is never pruned
+    narrowed = [c for c in result.candidates if c.config["block"] > 128]
+    assert all(c.status == "pruned" and "surely slower than the best of a second short run" in c.reason
+               and c.timing is not None for c in narrowed)

@@ -367,6 +367,9 @@ def test_every_parameter_of_the_installed_torch_is_understood(function):
         arguments.bind(function, values + [None], {})
     with pytest.raises(TypeError, match=f"multiple values for argument '{order[0]}'"):
         arguments.bind(function, values[:1], {order[0]: None})
+    shared = arguments.SHARED_ORDER[function]  # bound without a look at torch's order: it must be torch's too
+    assert tuple(order[:len(shared)]) == shared
+    assert [bound[k] for k in shared] == [arguments.bind(function, values[:len(shared)], {})[k] for k in shared]
 
 
 def test_flags_are_split_and_stripped_as_torch_does(tmp_path):

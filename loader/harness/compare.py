@@ -82,48 +82,74 @@ def compare(case, name: str, got: Any, exp: Any, exp64: Any, rtol: float, atol: 
     g, e = got.detach().reshape(-1), exp.detach().reshape(-1)
     e64 = exp64.detach().reshape(-1) if isinstance(exp64, torch.Tensor) else None
     exact = not (got.is_floating_point() or got.is_complex())
-    n_bad = n_nonfinite = 0
+    n_bad = 0
+    for start in range(0, g.numel(), CHUNK):
+        sl = slice(start, start + CHUNK)
+        if exact:
+            n_bad += int((g[sl] != e[sl]).sum())
+            continue
+        gc, ec = g[sl].double(), e[sl].double()
+        e6 = e64[sl].double() if e64 is not None else None
+        # the chunk's stats in one tensor, read back with one synchronisation
+        stats = [_bad(gc, ec, e6, rtol, atol).sum().double(), *_errors(gc, ec, atol),
+                 *(_errors(gc, e6, atol) if e6 is not None else [])]
+        bad, *errors = torch.stack(stats).tolist()
+        n_bad += int(bad)
+        _note_errors(case, errors)
+    if n_bad:
+        _fail(case, name, g, e, e64, exact, n_bad, rtol, atol, exp.shape, limit)
+
+
+def _bad(gc: torch.Tensor, ec: torch.Tensor, e6: Optional[torch.Tensor], rtol: float, atol: float) -> torch.Tensor:
+    """Which elements of ``gc`` are close neither to ``ec`` nor to ``e6`` (float64 all; torch.isclose, NaN equal
+    to NaN)."""
+    close = torch.isclose(gc, ec, rtol=rtol, atol=atol, equal_nan=True)
+    if e6 is not None:
+        close |= torch.isclose(gc, e6, rtol=rtol, atol=atol, equal_nan=True)
+    return ~close
+
+
+def _fail(case, name: str, g, e, e64, exact: bool, n_bad: int, rtol: float, atol: float, shape, limit: int) -> None:
+    """The failure message: how many elements differ, how many of them are NaN/inf where the reference is finite,
+    and the first ``limit`` of them (a second pass over the chunks, taken only when something differs)."""
     found: List[Mismatch] = []
+    n_nonfinite = 0
     for start in range(0, g.numel(), CHUNK):
         sl = slice(start, start + CHUNK)
         if exact:
             bad = g[sl] != e[sl]
         else:
             gc, ec = g[sl].double(), e[sl].double()
-            close = torch.isclose(gc, ec, rtol=rtol, atol=atol, equal_nan=True)
-            case.max_abs, case.max_rel = _errors(case.max_abs, case.max_rel, gc, ec, atol)
-            if e64 is not None:
-                e6 = e64[sl].double()
-                close |= torch.isclose(gc, e6, rtol=rtol, atol=atol, equal_nan=True)
-                case.max_abs64, case.max_rel64 = _errors(case.max_abs64, case.max_rel64, gc, e6, atol)
-            bad = ~close
+            bad = _bad(gc, ec, e64[sl].double() if e64 is not None else None, rtol, atol)
             n_nonfinite += int((~torch.isfinite(gc) & torch.isfinite(ec)).sum())
-        n_bad += int(bad.sum())
         for i in bad.nonzero().flatten()[: max(0, limit - len(found))].tolist():
             k = start + i
-            found.append(Mismatch(index(k, exp.shape), g[k].item(), e[k].item(),
-                                  e64[k].item() if e64 is not None else None))
-    if n_bad:
-        case.mismatches += found
-        tol = "exact" if exact else f"rtol={rtol:g}, atol={atol:g}"
-        extra = f"; {n_nonfinite} NaN/inf where the reference is finite" if n_nonfinite else ""
-        where = f"at {found[0].format()}" if len(found) == 1 else \
-            "first at:" + "".join(f"\n      {m.format()}" for m in found)
-        case.fail(f"{name}: {n_bad} of {g.numel()} elements differ ({tol}){extra}; {where}")
+            found.append(Mismatch(index(k, shape), g[k].item(), e[k].item(), e64[k].item() if e64 is not None else None))
+    case.mismatches += found
+    tol = "exact" if exact else f"rtol={rtol:g}, atol={atol:g}"
+    extra = f"; {n_nonfinite} NaN/inf where the reference is finite" if n_nonfinite else ""
+    where = f"at {found[0].format()}" if len(found) == 1 else \
+        "first at:" + "".join(f"\n      {m.format()}" for m in found)
+    case.fail(f"{name}: {n_bad} of {g.numel()} elements differ ({tol}){extra}; {where}")
 
 
 def _max(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return b if a is None else a if b is None else max(a, b)
 
 
-def _errors(max_abs, max_rel, g: torch.Tensor, e: torch.Tensor, atol: float):
-    """The running (max abs, max rel) errors updated with this chunk's finite elements."""
+def _errors(g: torch.Tensor, e: torch.Tensor, atol: float) -> List[torch.Tensor]:
+    """This chunk's (max abs, max rel) errors over its finite elements, as 0-dim tensors, -1 where there is none
+    (rel: none where no reference element is larger than atol)."""
     finite = torch.isfinite(g) & torch.isfinite(e)
-    if not bool(finite.any()):
-        return max_abs, max_rel
-    zero = g.new_zeros(())  # masked with where, not indexing: no host round trip per mask
-    err = torch.where(finite, (g - e).abs(), zero)
+    none = g.new_full((), -1.0)  # masked with where, not indexing: no host round trip per mask
+    err = torch.where(finite, (g - e).abs(), none)
     ref = e.abs()
-    big = finite & (ref > max(atol, 1e-30))
-    rel = float(torch.where(big, err / ref, zero).max()) if bool(big.any()) else None
-    return _max(max_abs, float(err.max())), _max(max_rel, rel)
+    rel = torch.where(finite & (ref > max(atol, 1e-30)), err / ref, none)
+    return [err.max(), rel.max()]
+
+
+def _note_errors(case, errors: List[float]) -> None:
+    """Fold a chunk's (abs, rel[, abs64, rel64]) maxima (-1: none) into the case's running ones."""
+    for field, value in zip(("max_abs", "max_rel", "max_abs64", "max_rel64"), errors):
+        if value >= 0:
+            setattr(case, field, _max(getattr(case, field), value))

@@ -6,8 +6,10 @@ arguments and a launch, a card's device TU built with ``-D`` flags, or plain Pyt
 built (in threads: NVRTC and nvcc release the GIL), checked against the reference with :func:`check` (odd
 sizes included), and only the ones that pass are timed, side by side in rounds (``time_together``): a
 configuration that is fast because it is wrong is listed with its failure and never chosen. A short first
-run prunes the ones whose fastest round is slower than the best median by more than ``prune_margin``; the
-rest are timed with the full budget, and the winner's margin over each is a paired ratio with its interval.
+run prunes the ones whose fastest round is slower than the best median by more than ``prune_margin``; where
+more than a few are left, a second short run prunes those surely slower than its best (a paired ratio whose 95%
+interval lies above 1); the rest are timed with the full budget, and the winner's margin over each is a paired
+ratio with its interval.
 
 The winner is stored in the cache under a key of the op's name, its source's content, the device (name and
 compute capability), the dtype and the shape bucket (default: the power of two at or above the leading size),
@@ -37,6 +39,9 @@ Config = Dict[str, Any]
 #: rounds per configuration at most: a round costs ~50 us of host time, so a budget of device time alone would
 #: let a 5 us kernel's 16 configurations take 20 s; 1000 paired rounds put a ratio's interval well under 1%
 _MAX_ROUNDS = 1000
+#: configurations timed with the whole budget at most before a second short run narrows them (tens of near-equal
+#: ones would each take the whole budget)
+_FINALISTS = 4
 #: a timer: ``timer(fns, budget_ms)`` -> name -> Timing or the exception a call raised
 Timer = Callable[[Dict[str, Callable[[], Any]], float], Dict[str, Outcome]]
 
@@ -398,25 +403,44 @@ def _checked(make, configs, reference, inputs, shapes, dtype, device, check_kw: 
 
 def _time(candidates, fns: Dict[int, Callable[..., Any]], args: tuple, timer: Timer, budget: float,
           prune_margin: float) -> None:
-    """A short run of every checked configuration prunes those that cannot win; the rest share the budget."""
+    """A short run of every checked configuration prunes those that cannot win; where more than _FINALISTS are
+    left, a second short run prunes those surely slower than its best; the rest share the budget."""
     calls = {str(i): (lambda op=op: op(*args)) for i, op in fns.items()}
     if len(calls) > 2:
-        first = timer(calls, budget / 5)
-        _note_failures(candidates, first)
-        medians = {n: t.median_us for n, t in first.items() if isinstance(t, Timing)}
-        if medians:
-            bar = min(medians.values()) * (1 + prune_margin)
-            for n, t in first.items():
-                if isinstance(t, Timing) and t.min_us > bar:
-                    candidates[int(n)][0].status = "pruned"
-                    candidates[int(n)][0].reason = f"its fastest round {t.min_us:.2f} us > best median x {1 + prune_margin:g}"
-                    candidates[int(n)][0].timing = t
-        calls = {n: f for n, f in calls.items() if candidates[int(n)][0].status == "ok"}
+        bar = 1 + prune_margin
+        calls = _pruned(candidates, calls, timer(calls, budget / 5), lambda best, t: (
+            f"its fastest round {t.min_us:.2f} us > best median x {bar:g}" if t.min_us > best.median_us * bar else None))
+    if len(calls) > _FINALISTS:
+        calls = _pruned(candidates, calls, timer(calls, budget / 5), _surely_slower)
     final = timer(calls, budget)
     _note_failures(candidates, final)
     for n, t in final.items():
         if isinstance(t, Timing):
             candidates[int(n)][0].timing = t
+
+
+def _pruned(candidates, calls: Dict[str, Callable[[], Any]], run: Dict[str, Outcome],
+            why: Callable[[Timing, Timing], Optional[str]]) -> Dict[str, Callable[[], Any]]:
+    """The calls left after a short ``run``: a configuration is pruned where ``why(best, its timing)`` gives a
+    reason (best: the run's lowest median), and dropped where it failed."""
+    _note_failures(candidates, run)
+    timed = {n: t for n, t in run.items() if isinstance(t, Timing)}
+    if timed:
+        best = min(timed.values(), key=lambda t: t.median_us)
+        for n, t in timed.items():
+            reason = why(best, t)
+            if reason:
+                candidates[int(n)][0].status, candidates[int(n)][0].reason = "pruned", reason
+                candidates[int(n)][0].timing = t
+    return {n: f for n, f in calls.items() if candidates[int(n)][0].status == "ok"}
+
+
+def _surely_slower(best: Timing, t: Timing) -> Optional[str]:
+    """A reason where ``t`` is slower than ``best`` round by round, the whole 95% interval of the ratio above 1."""
+    if t is best or len(t.samples_us) != len(best.samples_us) or not t.samples_us or min(best.samples_us) <= 0:
+        return None
+    ratio = paired_ratio(best.samples_us, t.samples_us)
+    return f"surely slower than the best of a second short run: {ratio} of its time" if ratio.lo > 1 else None
 
 
 def _note_failures(candidates, outcomes: Dict[str, Outcome]) -> None:

@@ -292,9 +292,9 @@ def runtime_libstdcxx() -> Optional[str]:
     try:
         with open("/proc/self/maps") as f:
             for line in f:
-                path = line.split()[-1] if len(line.split()) >= 6 else ""
-                if "/libstdc++.so" in path and os.path.isfile(path):
-                    return path
+                fields = line.split() if "/libstdc++.so" in line else ()  # split only the few lines that can match
+                if len(fields) >= 6 and "/libstdc++.so" in fields[-1] and os.path.isfile(fields[-1]):
+                    return fields[-1]
     except OSError:
         pass
     return None

@@ -32,6 +32,11 @@ TORCH_KEYWORDS = {
 }
 
 
+#: the leading positional parameters every supported torch (2.6+) has in this order: a call that passes no more
+#: needs no look at the installed torch's signature (a record read on a warm load)
+SHARED_ORDER = {"load": ("sources", "extra_cflags", "extra_cuda_cflags"), "load_inline": ("cpp_sources", "cuda_sources")}
+
+
 @functools.lru_cache(maxsize=None)
 def torch_order(function: str) -> Tuple[str, ...]:
     """The parameters after ``name`` of the installed torch's ``torch.utils.cpp_extension.<function>``: from the
@@ -81,7 +86,8 @@ def bind(function: str, positional: Sequence[Any], keywords: Dict[str, Any]) -> 
             raise TypeError(f"{function}() got an unexpected keyword argument {k!r}{hint}")
     bound = dict(keywords)
     if positional:
-        order = torch_order(function)
+        shared = SHARED_ORDER[function]
+        order = shared if len(positional) <= len(shared) else torch_order(function)
         if len(positional) > len(order):
             raise TypeError(f"{function}() takes at most {len(order) + 1} positional arguments (torch's order: name, "
                             f"{', '.join(order)}), got {len(positional) + 1}")
