@@ -102,6 +102,9 @@ def test_the_limiter_names_the_busiest_unit_or_latency():
     assert _kernel(sm_pct=85.0).verdict == "compute (SM 85% of peak)"
     assert _kernel(l2_pct=75.0, dram_pct=40.0).verdict == "L2 (L2 75% of peak)"
     assert _kernel(dram_pct=70.0, l2_pct=70.0).limiter == "memory"  # a tie goes to DRAM
+    # a stream on an H200: its bytes cross L2 on their way to DRAM, so L2 shows a little busier
+    assert _kernel(dram_pct=90.97, l2_pct=93.14).verdict == "memory (DRAM 91% of peak)"
+    assert _kernel(dram_pct=70.0, l2_pct=90.0).limiter == "L2"  # far busier than DRAM: reuse in L2 is the limit
     small = _kernel(blocks=4)
     assert small.limiter == "latency" and "small grid: 4 blocks for 132 SMs" in small.reason
     assert "low occupancy: 12% achieved" in _kernel(occupancy_pct=12.0).reason

@@ -52,6 +52,8 @@ CHILD = "kernelkit.inspect.profile_child"
 NCU_DIRS = ["/usr/local/cuda/bin", "/opt/nvidia/nsight-compute/*"]
 #: % of peak above which a unit is called the limiter
 BUSY_PCT = 60.0
+#: points by which L2 may run above a busy DRAM and the kernel still be DRAM-bound (a stream through L2 to DRAM)
+L2_OVER_DRAM_PCT = 5.0
 #: FP32 lanes per SM where not 128 (CUDA C++ Programming Guide, "Arithmetic Instructions": 32-bit floating-point
 #: add/multiply/multiply-add results per clock per multiprocessor)
 FP32_LANES = {(6, 0): 64, (7, 0): 64, (7, 2): 64, (7, 5): 64, (8, 0): 64}
@@ -188,6 +190,8 @@ def _limiter(k: KernelProfile) -> Tuple[str, str]:
     if not busy:
         return "unknown", "ncu reported no throughput"
     pct, unit, reason = max(busy, key=lambda b: b[0])
+    if unit == "L2" and k.dram_pct is not None and k.dram_pct >= BUSY_PCT and pct - k.dram_pct <= L2_OVER_DRAM_PCT:
+        return "memory", f"DRAM {k.dram_pct:.0f}% of peak"  # every DRAM byte crosses L2: a saturating stream shows both
     if pct >= BUSY_PCT:
         return unit, reason
     if k.blocks is not None and k.sm_count and k.blocks < k.sm_count:
