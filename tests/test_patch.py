@@ -306,6 +306,36 @@ def test_warm_load_in_a_new_process_neither_scans_nor_hashes(tmp_path):
     assert sources.scan_includes is not None
 
 
+@pytest.mark.usefixtures("fresh_files_recorded")
+def test_a_full_plans_load_of_a_cached_library_keeps_its_verified_identity(tmp_path):
+    """A plan not recorded when it was built (its sources had just changed) is planned in full by the next load,
+    which hashes the library: that hash serves the record too, so the load after it hashes nothing."""
+    _tree(tmp_path)
+    args = [str(tmp_path / "src" / "a.cpp")]
+    kw = dict(is_python_module=False, extra_include_paths=[str(tmp_path / "inc"), str(tmp_path / "later")])
+    kernelkit.load("kk_recall_stamp", args, load=False, **kw)  # builds and records
+    for record in cache.subdir("plans").glob("*.json"):
+        if json.loads(record.read_text())["target"]["name"] == "kk_recall_stamp":
+            record.unlink()  # as if the build had been racy: not recorded
+    code = f"""
+        import kernelkit
+        from kernelkit.jit import cache, recall
+        recall.RACY_SECONDS = -3600.0  # the test's files are seconds old
+        hashed = []
+        real = cache.verified_library
+        cache.verified_library = lambda *a, **k: hashed.append(a) or real(*a, **k)
+        path = kernelkit.load("kk_recall_stamp", {args!r}, **{kw!r})
+        print("hashed", len(hashed))
+    """
+    out = _python(code)
+    assert out.returncode == 0 and "hashed 1" in out.stdout, out.stderr[-3000:]  # the full plan's load hashed it
+    recalled = plan.plan_extension("kk_recall_stamp", [tmp_path / "src" / "a.cpp"], use_record=True,
+                                   extra_include_paths=kw["extra_include_paths"], is_python_module=False)
+    assert isinstance(recalled, recall.Recalled) and recalled.library is not None  # and its identity was kept
+    out = _python(code.replace('"hashed", len(hashed)', '"hashed", len(hashed), path.endswith(".so")'))
+    assert out.returncode == 0 and "hashed 0 True" in out.stdout, out.stderr[-3000:]
+
+
 def test_build_directory_copy_is_made_once_and_replaced_when_it_differs(tmp_path):
     """The GAN helper passes build_directory on every load: a warm load must not copy the library again."""
     _tree(tmp_path)

@@ -34,6 +34,8 @@ from .sources import sha256_bytes
 SCHEMA = "kernelkit-recall-1"
 RACY_SECONDS = 2.0
 _ENV = ("CPATH", "CPLUS_INCLUDE_PATH")
+#: target key -> call key of each plan this process made in full and recorded: its load can stamp the library
+_RECORDED: Dict[str, str] = {}
 
 
 @dataclasses.dataclass
@@ -148,6 +150,21 @@ def remember(call: str, target: _build.Target, started: float) -> None:
                          "pymodule": target.pymodule, "standalone": target.standalone, "units": units,
                          "namespaces": defined_namespaces(target)}}
     _write(_record_path(call), record)
+    _RECORDED[target.key] = call
+
+
+def entry_before_hash(target: _build.Target) -> Optional[List[int]]:
+    """The identity of the library entry of a target this process planned and recorded, taken before the load
+    hashes its library (None for any other target: there is no record to stamp)."""
+    return _identity(cache.library_dir(target.name, target.key)) if target.key in _RECORDED else None
+
+
+def stamp_verified(target: _build.Target, so: Path, entry_before: Optional[List[int]]) -> None:
+    """After a full plan's load found its library's sha256 matching: keep the library's identity in the plan's
+    record, as a recalled plan's load does, so the next process need not hash it again."""
+    call = _RECORDED.get(target.key)
+    if call is not None:
+        _stamp(call, so, entry_before)
 
 
 def _write(path: Path, record: dict) -> None:

@@ -119,10 +119,13 @@ def open_extension(target: _build.Target, is_python_module: bool, build_director
         if hit is None:
             if do_load and not target.standalone:
                 refuse_redefined_namespaces(target)  # before minutes of compiling for nothing
+            before = recall.entry_before_hash(target) if not cached_only and group is None else None
             found = _cached(target) if cached_only else _obtain(target, False, group)
             if found is None:
                 return None
             so, cached, seconds = found
+            if cached and before is not None:  # its sha256 was just checked (obtain verifies every cache hit)
+                recall.stamp_verified(target, so, before)
             if not do_load:
                 return BuildInfo(target.name, target.key, so, cached, seconds)
             hit = _open_extension_file(target, so, cached, is_python_module)
