@@ -236,6 +236,7 @@ def _private_dir(prefix: str) -> Iterator[Path]:
 def _spawn(cmd: List[str]) -> subprocess.Popen:
     """Start ``cmd`` in its own process group (so that it and its children can be ended together), which
     the watchdog ends should this process die first (_run tells it when the group has ended)."""
+    reaper.ready()
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 errors="replace", stdin=subprocess.DEVNULL, start_new_session=True)

@@ -147,6 +147,14 @@ _groups: Set[int] = set()  # what the watchdog knows, to tell a replacement
 _dirs: Set[str] = set()  # absolute paths
 
 
+def ready() -> None:
+    """Start the watchdog (where none runs for this process) before a group is spawned: the group's watch is then
+    one message after its start, not a Python process's start, so a kill in between is all but impossible."""
+    with _lock:
+        if _watchdog is None or _watchdog.owner != os.getpid():
+            _tell(b"")
+
+
 def watch_group(pgid: int) -> None:
     """Have process group ``pgid`` (a compiler's) ended should this process die before it ends."""
     with _lock:
@@ -193,6 +201,7 @@ def end_group(proc: subprocess.Popen) -> None:
 def run(cmd: List[str], check: bool = True) -> subprocess.CompletedProcess:
     """Run a short tool (nm, readelf, a linker) as compilers run: in a group of its own, ended with this
     process or an interrupt, never left writing into a dir the watchdog removes. Text output captured."""
+    ready()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
                             stdin=subprocess.DEVNULL, start_new_session=True)
     watch_group(proc.pid)
