@@ -230,6 +230,22 @@ def test_include_search_order_and_what_stays_out(tmp_path, monkeypatch):
     assert sources.include_search(["-I", f"{dirs['a']},{dirs['b']}"], False).angle == ()  # gcc: one odd name
 
 
+def test_resolved_names_are_what_pathlib_resolves(tmp_path, monkeypatch):
+    """The compiler's dependency lists are resolved a directory at a time: links in a directory, in the file
+    name itself, ``..`` after a link, relative names and missing files must come out as pathlib's resolve."""
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    for f in ("real/sub/a.h", "real/b.h", "elsewhere.h"):
+        (tmp_path / f).write_text("")
+    (tmp_path / "lnk").symlink_to("real")
+    (tmp_path / "real" / "to_a.h").symlink_to("sub/a.h")
+    (tmp_path / "real" / "sub" / "out.h").symlink_to(tmp_path / "elsewhere.h")
+    monkeypatch.chdir(tmp_path)
+    names = ["lnk/sub/a.h", "lnk/to_a.h", "lnk/sub/out.h", "lnk/sub/../b.h", "b.h", "lnk/missing.h",
+             f"{tmp_path}/./lnk//sub/a.h", "lnk/sub/", "lnk/..", "lnk/sub/a.h"]
+    assert sources.resolved(names) == [Path(n).resolve() for n in names]
+    assert sources.resolved(["lnk/sub/out.h"]) == [tmp_path / "elsewhere.h"]
+
+
 @pytest.mark.usefixtures("cache_root")
 def test_two_headers_of_one_name_are_told_apart_by_where_they_are(tmp_path):
     """The key named headers by file name only: swapping the contents of a/x.h and b/x.h kept the key."""

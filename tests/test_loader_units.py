@@ -55,6 +55,15 @@ def test_arch_list_without_a_gpu_falls_back_to_its_argument(monkeypatch):
     assert toolchain.arch_list("8.6", no_gpu=()) == ["8.6"]
 
 
+def test_the_libstdcxx_linked_is_the_one_the_process_has_mapped():
+    """Asked of the dynamic loader rather than read from /proc/self/maps: both must name the same file."""
+    with open("/proc/self/maps") as f:
+        mapped = {os.path.realpath(line.split()[-1]) for line in f if "/libstdc++.so" in line}
+    found = toolchain._loaded_library("libstdc++.so.6")
+    assert found in mapped and toolchain.runtime_libstdcxx() in mapped
+    assert toolchain._loaded_library("libkernelkit_never_loaded.so.1") is None
+
+
 def test_gencode_flags():
     assert toolchain.gencode_flags(["9.0+PTX"]) == ["-gencode", "arch=compute_90,code=sm_90",
                                                     "-gencode", "arch=compute_90,code=compute_90"]

@@ -210,6 +210,20 @@ def fresh_files_recorded(monkeypatch):
     """Files written by the test a moment ago are 'racy' (a second edit in the same timestamp tick could keep
     their identity): the tests' edits all change sizes, so they are recorded here anyway."""
     monkeypatch.setattr(recall, "RACY_SECONDS", -3600.0)
+    monkeypatch.setattr(recall, "FINE_RACY_SECONDS", -3600.0)
+
+
+def test_a_change_is_racy_within_one_timestamp_tick_of_the_plan():
+    """Whole-second timestamps (FAT, old filesystems) keep a change racy for RACY_SECONDS; nanosecond ones, whose
+    tick is the kernel's coarse clock, for FINE_RACY_SECONDS."""
+    now = 1_800_000_000.0
+    whole = [1, 2, 100, int(now - 1) * 10**9, int(now - 1) * 10**9]
+    fine = [1, 2, 100, int((now - 1) * 1e9) + 3_999_000, int((now - 1) * 1e9) + 3_999_000]
+    assert recall._racy(whole, now) and not recall._racy(fine, now)
+    just_now = [1, 2, 100, int((now - 0.01) * 1e9) + 1, int((now - 0.01) * 1e9) + 1]
+    assert recall._racy(just_now, now)
+    old = [1, 2, 100, int(now - 3) * 10**9, int(now - 3) * 10**9]
+    assert not recall._racy(old, now)
 
 
 def _tree(tmp_path):
@@ -320,7 +334,7 @@ def test_a_full_plans_load_of_a_cached_library_keeps_its_verified_identity(tmp_p
     code = f"""
         import kernelkit
         from kernelkit.jit import cache, recall
-        recall.RACY_SECONDS = -3600.0  # the test's files are seconds old
+        recall.RACY_SECONDS = recall.FINE_RACY_SECONDS = -3600.0  # the test's files are seconds old
         hashed = []
         real = cache.verified_library
         cache.verified_library = lambda *a, **k: hashed.append(a) or real(*a, **k)

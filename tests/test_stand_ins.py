@@ -33,6 +33,7 @@ int user(int x) { return fake_fn(x) + fake_data[1] + fake_tls + fake_weak(); }
 def _on(monkeypatch):
     monkeypatch.setenv("KERNELKIT_LINK_STAND_INS", "1")
     monkeypatch.setattr(stand_ins, "_RECIPES", {})
+    monkeypatch.setattr(stand_ins, "_PROOFS", {})
     if not stand_ins.enabled():
         pytest.skip("needs binutils' nm and readelf")
 
@@ -86,6 +87,22 @@ def test_stand_ins_give_the_real_links_interface_and_serve_only_the_objects_they
     assert stand_ins.command("other", ldflags, cmd, [user]) is None  # recipes are per library
     monkeypatch.setenv("KERNELKIT_LINK_STAND_INS", "0")
     assert stand_ins.command("lib", ldflags, cmd, [user]) is None and not stand_ins.wants_recipe("x", ldflags)
+
+
+def test_stand_ins_proven_on_a_thread_after_the_build_removed_its_files(tmp_path, monkeypatch):
+    """A build returns while its stand-ins are proven: the proof works on its own links of the objects and
+    the library (the build removes its pinned objects and moves the library), and a later link waits for it."""
+    ldflags, user, _ = _fake_torch(tmp_path, monkeypatch)
+    cmd, out, said = _real_link(tmp_path, ldflags, [user], "real.so", stand_ins.trace_flags([user], tmp_path))
+    copy = shutil.copy(user, tmp_path / "kept.o")
+    stand_ins.make_recipe_later("lib", ldflags, cmd, [user], out, said)
+    user.unlink()
+    out.rename(tmp_path / "published.so")
+    fast = stand_ins.command("lib", ldflags, [cmd[0], copy, "-o", str(tmp_path / "fast.so"), *ldflags], [Path(copy)])
+    assert fast is not None, "the proof did not survive the build's files going away"
+    subprocess.run(fast, check=True)
+    assert stand_ins.interface(tmp_path / "fast.so") == stand_ins.interface(tmp_path / "published.so")
+    assert not any(p.name.startswith("proof-") for p in stand_ins._stand_in_dir().iterdir())  # its scratch is gone
 
 
 def test_a_symbol_the_proving_objects_defined_is_not_covered_once_they_no_longer_do(tmp_path, monkeypatch):

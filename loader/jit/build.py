@@ -325,7 +325,7 @@ def _link_once(target: Target, cmd: List[str]) -> None:
         _run(cmd, what, target, "links")  # the error without the trace's lines (or a link that passes now)
         return
     if trace:
-        stand_ins.make_recipe(target.name, target.ldflags, cmd, objects, Path(cmd[cmd.index("-o") + 1]), output, scratch)
+        stand_ins.make_recipe_later(target.name, target.ldflags, cmd, objects, Path(cmd[cmd.index("-o") + 1]), output)
 
 
 def _in_parallel(fn: Callable[[Unit], Path], units: Sequence[Unit], target: Target) -> List[Path]:
@@ -335,9 +335,11 @@ def _in_parallel(fn: Callable[[Unit], Path], units: Sequence[Unit], target: Targ
     workers = max(1, min(len(units), os.cpu_count() or 1))
     pool = concurrent.futures.ThreadPoolExecutor(workers)
     try:
-        futures = [pool.submit(fn, u) for u in units]
-        concurrent.futures.wait(futures)
-        return [f.result() for f in futures]
+        # the slowest first (torch's headers take tens of seconds), so no long compile waits for a free thread
+        longest_first = sorted(units, key=lambda u: (not u.uses_torch, u.kind != "cu"))
+        futures = {id(u): pool.submit(fn, u) for u in longest_first}
+        concurrent.futures.wait(futures.values())
+        return [futures[id(u)].result() for u in units]
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
         _BUILDS[id(target)].children.kill_all()
@@ -532,7 +534,7 @@ def _depfile_inputs(depfile: Path) -> Optional[List[Path]]:
         return None
     prereqs = rule[match.end():].split("\n", 1)[0]
     tokens = re.findall(r"(?:\\.|[^\s\\])+", prereqs)
-    return [Path(re.sub(r"\\(.)", r"\1", t).replace("$$", "$")).resolve() for t in tokens]
+    return sources.resolved(re.sub(r"\\(.)", r"\1", t).replace("$$", "$") for t in tokens)
 
 
 def _check_inputs(unit: Unit, target: Target, depfile: Path, before: Dict[Path, Optional[tuple]]) -> None:
@@ -545,7 +547,7 @@ def _check_inputs(unit: Unit, target: Target, depfile: Path, before: Dict[Path, 
     if read is None:  # a launcher that drops -MD: the planned files were checked above
         log.debug("no dependency file from compiling %s", unit.display)
         return
-    covered = {unit.path.resolve(), *(d.resolve() for d in unit.deps)}
+    covered = set(sources.resolved([unit.path, *unit.deps]))
     # a name no file has was not read: nvcc lists the names #line marks give (load_inline's "name/cuda.cu")
     unseen = [p for p in read if p not in covered and not sources.under(p, keys.toolchain_dirs()) and p.exists()]
     if unseen:

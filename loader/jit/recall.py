@@ -7,8 +7,8 @@ the identity (inode, size, mtime, ctime) of every file the plan read and of ever
 search looked into, present or absent. Any difference -- an edit, a header created where the search would
 now find it, a retargeted link, a created include dir -- sends the load down the full plan, which writes the
 record again. ctime cannot be set back from user space, so an edit undone again is still seen. A file or
-directory changed in the last ``RACY_SECONDS`` is not recorded: a second edit within one timestamp tick
-could leave its identity unchanged.
+directory changed within one timestamp tick of the plan (``FINE_RACY_SECONDS``; ``RACY_SECONDS`` where the
+timestamps are whole seconds) is not recorded: a second edit in the same tick could leave its identity unchanged.
 
 The library a record points to is verified by sha256 (``cache.verified_library``) the first time; the record
 then keeps the identity the library had while its hash matched, and a later load with the same identity
@@ -32,7 +32,8 @@ from . import cache, keys, sources, syntax, toolchain
 from .sources import sha256_bytes
 
 SCHEMA = "kernelkit-recall-1"
-RACY_SECONDS = 2.0
+RACY_SECONDS = 2.0  # a filesystem that keeps whole seconds (FAT keeps even ones)
+FINE_RACY_SECONDS = 0.1  # one with finer timestamps, which come from the kernel's coarse clock (a tick of 1-10 ms)
 _ENV = ("CPATH", "CPLUS_INCLUDE_PATH")
 #: target key -> call key of each plan this process made in full and recorded: its load can stamp the library
 _RECORDED: Dict[str, str] = {}
@@ -59,13 +60,20 @@ def call_key(name: str, paths: Sequence[Path], flags_by_kind: Dict[str, List[str
     return sha256_bytes(*[p.encode() for p in parts])
 
 
-def _identity(path: Path) -> Optional[List[int]]:
+def _identity(path) -> Optional[List[int]]:
     """(device, inode, size, mtime, ctime): the last two say when it last changed."""
     try:
         st = os.stat(path)
     except OSError:
         return None
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _racy(ident: List[int], since: float) -> bool:
+    """Whether a file changed within one timestamp tick before ``since``, when a second change could keep its
+    identity. Timestamps that are all whole seconds may come from a filesystem that keeps no finer ones."""
+    whole = all(t % 1_000_000_000 == 0 for t in ident[-2:])
+    return max(ident[-2:]) >= (since - (RACY_SECONDS if whole else FINE_RACY_SECONDS)) * 1e9
 
 
 def _record_path(call: str) -> Path:
@@ -80,7 +88,7 @@ def recall(call: str) -> Optional[Recalled]:
         record = json.loads(path.read_bytes())
         if record.get("call") != call:
             return None
-        if any(_identity(Path(p)) != ident for p, ident in record["watch"].items()):
+        if any(_identity(p) != ident for p, ident in record["watch"].items()):
             return None
         t = record["target"]
         units = [_build.Unit(u["kind"], Path(u["path"]), u["display"], [], u["key"], [Path(d) for d in u["deps"]])
@@ -117,7 +125,7 @@ def verified_library(target: Recalled) -> Optional[Path]:
 def _stamp(call: str, so: Path, entry_before: Optional[List[int]]) -> None:
     """Record the identity of a library whose sha256 just matched, unless it may have changed meanwhile."""
     ident = _identity(so)
-    if ident is None or entry_before is None or time.time() * 1e9 - max(ident[-2:]) < RACY_SECONDS * 1e9:
+    if ident is None or entry_before is None or _racy(ident, time.time()):
         return
     if _identity(so.parent) != entry_before:  # the entry was replaced while it was being hashed
         return
@@ -139,7 +147,7 @@ def remember(call: str, target: _build.Target, started: float) -> None:
     except OSError:
         return
     before = {str(p): _identity(p) for p in watched}
-    if any(i is not None and max(i[-2:]) >= (started - RACY_SECONDS) * 1e9 for i in before.values()):
+    if any(i is not None and _racy(i, started) for i in before.values()):
         return  # racy: an edit within one timestamp tick of this one could keep the identity
     if not _reads_as_planned(target) or {str(p): _identity(p) for p in watched} != before:
         return  # changed while the plan ran: the key may not match what is there now

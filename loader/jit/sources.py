@@ -64,6 +64,23 @@ def snapshot(paths: Iterable[Path]) -> Dict[Path, Optional[tuple]]:
     return out
 
 
+def resolved(names: Iterable) -> List[Path]:
+    """``[Path(n).resolve() for n in names]``, each directory resolved once: realpath stats every component of
+    every name, and a compiler's dependency list names thousands of headers in a few dozen directories."""
+    real_dirs: Dict[str, str] = {}
+    out = []
+    for name in names:
+        head, tail = os.path.split(os.fspath(name))
+        if tail in ("", ".", ".."):
+            out.append(Path(os.path.realpath(name)))
+            continue
+        if head not in real_dirs:
+            real_dirs[head] = os.path.realpath(head)  # "" is the working directory
+        p = os.path.join(real_dirs[head], tail)
+        out.append(Path(os.path.realpath(p) if os.path.islink(p) else p))
+    return out
+
+
 def under(path: Path, roots: Iterable[Path]) -> bool:
     """Whether ``path`` is one of ``roots`` or inside one (by strings: pathlib's relative_to costs ~5 us,
     and a warm plan asks this hundreds of times)."""

@@ -47,6 +47,8 @@ class Recipe:
 _LOCK = threading.Lock()
 #: (library name, *link flags) -> its recipe, or None where the stand-ins could not be proven (not tried again)
 _RECIPES: Dict[Tuple[str, ...], Optional[Recipe]] = {}
+#: (library name, *link flags) -> the thread proving its stand-ins (make_recipe_later), running or done
+_PROOFS: Dict[Tuple[str, ...], threading.Thread] = {}
 #: an object's (dev, inode, size, mtime) -> its (undefined, defined) external symbols
 _SYMBOLS: Dict[Tuple[int, int, int, int], Tuple[FrozenSet[str], FrozenSet[str]]] = {}
 _DIR: List[Path] = []
@@ -61,6 +63,7 @@ def command(name: str, ldflags: Sequence[str], cmd: List[str], objects: Sequence
     """``cmd`` linking against the stand-ins, when a proven recipe for ``name`` and ``ldflags`` covers ``objects``."""
     if not enabled():
         return None
+    _wait_for_proof((name, *ldflags))
     with _LOCK:
         recipe = _RECIPES.get((name, *ldflags))
     if recipe is None or not recipe.still_true():
@@ -78,6 +81,7 @@ def wants_recipe(name: str, ldflags: Sequence[str]) -> bool:
     the objects (not where they could not be proven)."""
     if not enabled():
         return False
+    _wait_for_proof((name, *ldflags))
     with _LOCK:
         return (name, *ldflags) not in _RECIPES or _RECIPES[(name, *ldflags)] is not None
 
@@ -90,6 +94,60 @@ def trace_flags(objects: Sequence[Path], into: Path) -> List[str]:
     return [f"@{rsp}"]
 
 
+def make_recipe_later(name: str, ldflags: Sequence[str], cmd: List[str], objects: Sequence[Path], out: Path,
+                      trace: str) -> None:
+    """``make_recipe`` on a thread of its own, so the build that linked ``out`` returns without waiting for the
+    proof (a second link, against the stand-ins); a later link of the same flags waits for it. The thread
+    works on hard links of ``objects`` and ``out``, which the build removes or moves when it returns."""
+    key = (name, *ldflags)
+    scratch = Path(tempfile.mkdtemp(prefix="proof-", dir=_stand_in_dir()))
+    try:
+        pinned = [_pin(o, scratch / f"{i}-{o.name}") for i, o in enumerate(objects)]
+        lib = _pin(out, scratch / out.name)
+    except OSError as e:
+        shutil.rmtree(scratch, ignore_errors=True)
+        log.debug("no link stand-ins for %s: %s", out.name, e)
+        return
+    at = cmd.index("-o")
+    own_cmd = [cmd[0], *map(str, pinned), *cmd[at:]]
+
+    def prove() -> None:
+        try:
+            make_recipe(name, ldflags, own_cmd, pinned, lib, trace, scratch)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    thread = threading.Thread(target=prove, name=f"kernelkit-stand-ins-{name}", daemon=True)
+    with _LOCK:
+        if not _PROOFS:
+            atexit.register(_finish_proofs)  # after _stand_in_dir's removal was registered: runs before it
+        _PROOFS[key] = thread
+    thread.start()
+
+
+def _pin(path: Path, to: Path) -> Path:
+    try:
+        os.link(path, to)
+    except OSError:  # a filesystem without hard links
+        shutil.copy2(path, to)
+    return to
+
+
+def _wait_for_proof(key: Tuple[str, ...]) -> None:
+    with _LOCK:
+        thread = _PROOFS.get(key)
+    if thread is not None:
+        thread.join()
+
+
+def _finish_proofs() -> None:
+    """At exit: let a proof end its linker before the stand-ins' directory is removed."""
+    with _LOCK:
+        threads = list(_PROOFS.values())
+    for t in threads:
+        t.join()
+
+
 def make_recipe(name: str, ldflags: Sequence[str], cmd: List[str], objects: Sequence[Path], out: Path, trace: str,
                 scratch: Path) -> None:
     """After a real link (``cmd``, traced, wrote ``out``): make stand-ins for the torch libraries it resolved
@@ -97,7 +155,7 @@ def make_recipe(name: str, ldflags: Sequence[str], cmd: List[str], objects: Sequ
     recipe = None
     try:
         recipe = _prove(cmd, objects, out, trace, scratch)
-    except (OSError, subprocess.SubprocessError, ValueError, KeyError) as e:
+    except Exception as e:  # noqa: BLE001 -- a failed proof only means real links, never a failed build
         log.debug("no link stand-ins for %s: %s", out.name, e)
     with _LOCK:
         _RECIPES[(name, *ldflags)] = recipe

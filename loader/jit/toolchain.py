@@ -3,6 +3,7 @@ not a source file. Identities are cheap (stat, no process spawned) so a warm loa
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import hashlib
 import json
@@ -289,6 +290,9 @@ def runtime_libstdcxx() -> Optional[str]:
     """The libstdc++ this process runs with (torch's). Linked explicitly: a compiler that only has a static
     libstdc++.a (seen on a GPU host's relocated gcc) would otherwise embed a second copy whose locale state
     is never initialised, and formatting a number in an error message then crashes the process."""
+    loaded = _loaded_library("libstdc++.so.6")
+    if loaded is not None:
+        return loaded
     try:
         with open("/proc/self/maps") as f:
             for line in f:
@@ -298,6 +302,25 @@ def runtime_libstdcxx() -> Optional[str]:
     except OSError:
         pass
     return None
+
+
+class _LinkMap(ctypes.Structure):
+    _fields_ = [("l_addr", ctypes.c_void_p), ("l_name", ctypes.c_char_p)]  # the head of glibc's struct link_map
+
+
+def _loaded_library(soname: str) -> Optional[str]:
+    """The file of a shared library this process has loaded, asked of the dynamic loader (dlinfo): a warm load
+    cannot afford to read the hundreds of lines of /proc/self/maps of a process that imported torch."""
+    try:
+        dlinfo = ctypes.CDLL(None).dlinfo
+        handle = ctypes.CDLL(soname, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)._handle
+    except (OSError, AttributeError):  # not loaded, or no dlinfo (not glibc)
+        return None
+    link_map = ctypes.POINTER(_LinkMap)()
+    if dlinfo(ctypes.c_void_p(handle), 2, ctypes.byref(link_map)) != 0 or not link_map:  # 2: RTLD_DI_LINKMAP
+        return None
+    name = link_map.contents.l_name
+    return os.path.realpath(os.fsdecode(name)) if name and os.path.isfile(name) else None
 
 
 def cxx11_abi() -> int:

@@ -8,6 +8,7 @@ from typing import Any, Dict, List
 
 from ..jit import plan, recall
 from ..jit.distributed import joining
+from ..jit.sources import resolved
 from . import arguments
 from .opening import open_extension
 
@@ -16,14 +17,13 @@ def source_paths(sources) -> List[Path]:
     items = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
     if not items:
         raise ValueError("sources: expected at least one source file")
-    paths = []
     for s in items:
         if not isinstance(s, (str, os.PathLike)):
             raise TypeError(f"sources: expected file paths, got {s!r:.80}")
-        p = Path(s).expanduser().resolve()
+    paths = resolved(os.path.expanduser(s) for s in items)
+    for s, p in zip(items, paths):
         if not p.is_file():
             raise FileNotFoundError(f"sources: {s} does not exist")
-        paths.append(p)
     return paths
 
 
