@@ -118,11 +118,11 @@ def make_recipe_later(name: str, ldflags: Sequence[str], cmd: List[str], objects
             shutil.rmtree(scratch, ignore_errors=True)
 
     thread = threading.Thread(target=prove, name=f"kernelkit-stand-ins-{name}", daemon=True)
-    with _LOCK:
+    with _LOCK:  # started before another thread can find it: joining a thread not yet started raises
         if not _PROOFS:
             atexit.register(_finish_proofs)  # after _stand_in_dir's removal was registered: runs before it
+        thread.start()
         _PROOFS[key] = thread
-    thread.start()
 
 
 def _pin(path: Path, to: Path) -> Path:
