@@ -98,10 +98,10 @@ work = Path(work)
 if tool == "torch":
     from torch.utils import cpp_extension as ext
     extra = {"build_directory": str(work / "torch_build")}
+    (work / "torch_build").mkdir(exist_ok=True)
 else:
     from kernelkit import cpp_extension as ext
     extra = {}
-(work / "torch_build").mkdir(exist_ok=True)
 sys.path.insert(0, str(work))
 
 def load(scale="1.0f"):
@@ -168,11 +168,14 @@ def measure(style: str, tool: str, root: Path, phases, warm_repeats: int, cuda: 
     work = root / f"{style}-{tool}"
     work.mkdir()
     spec, call = _prepare(style, work, cuda)
+    # kernelkit's cache beside the sources' folder, as ~/.cache is: a cache made inside it changes the folder
+    # while the first build plans, which then cannot record its plan for the next process
+    kk_cache = root / f"{style}-{tool}-kk_cache"
     env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(work / "torch_ext_root"),
-               KERNELKIT_CACHE_DIR=str(work / "kk_cache"), PYTHONUNBUFFERED="1")
+               KERNELKIT_CACHE_DIR=str(kk_cache), PYTHONUNBUFFERED="1")
     result = {"cold": _run(tool, style, "cold", work, env, spec, call)}
     if "warm" in phases:
-        wait_for_pch_builders(work / "kk_cache")  # a later session's load, not one beside the first build's builders
+        wait_for_pch_builders(kk_cache)  # a later session's load, not one beside the first build's builders
         warm = sorted(_run(tool, style, "warm", work, env, spec, call) for _ in range(warm_repeats))
         result["warm"], result["warm_all"] = statistics.median(warm), warm
     for phase, edit in (("edit", spec if spec["file"] or style == "sigmoid" else None),
@@ -180,7 +183,7 @@ def measure(style: str, tool: str, root: Path, phases, warm_repeats: int, cuda: 
         if phase not in phases or edit is None:
             continue
         if phase == "host_edit":
-            wait_for_pch_builders(work / "kk_cache")
+            wait_for_pch_builders(kk_cache)
         if style in NEW_PROCESS_EDIT:  # edit the file, then a new process loads it (the load call is timed)
             path = work / edit["file"]
             path.write_text(path.read_text().replace(edit["old"], edit["new"], 1))
