@@ -309,3 +309,25 @@ def test_lock_times_out_with_clear_message(tmp_path, monkeypatch):
     finally:
         release.set()
         t.join()
+
+
+def test_flags_split_as_shlex_splits_each_stripped_flag():
+    """The plain-word shortcut of ``arguments.flags`` gives what shlex gives, for words, spaces, quotes,
+    escapes and the white space str.strip removes but shlex keeps."""
+    import random
+    import shlex
+
+    from kernelkit.loading import arguments
+
+    rng = random.Random(5)
+    alphabet = ["-O2", "-D", "A=1", "x", " ", "\t", "\n", "\r", "'", '"', "\\", "#", "=", "\x0b", "\xa0", "é", ""]
+    cases = ["-g\n\n", "-O0 -Wall", "  -DX=1  ", "-DMSG='a b'", "", "   ", "#x", "a\x0bb"]
+    cases += ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6))) for _ in range(3000)]
+    for flag in cases:
+        try:
+            expected = shlex.split(flag.strip())
+        except ValueError:
+            with pytest.raises(ValueError, match="extra_cflags"):
+                arguments.flags([flag], "extra_cflags")
+            continue
+        assert arguments.flags([flag], "extra_cflags") == expected, repr(flag)

@@ -53,7 +53,7 @@ def call_key(name: str, paths: Sequence[Path], flags_by_kind: Dict[str, List[str
     """Everything a torch-style plan derives its target from, besides the files it reads."""
     compilers = [toolchain.fingerprint()] + ([toolchain.nvcc_fingerprint()] if "cu" in flags_by_kind else [])
     # kernelkit's own settings too (a build strategy chosen by one changes unit keys): a new one plans in full
-    settings = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("KERNELKIT_") or k in _ENV)
+    settings = sorted(f"{k}={os.environ[k]}" for k in os.environ if k.startswith("KERNELKIT_") or k in _ENV)
     parts = [SCHEMA, name, *compilers, os.getcwd(), *settings,
              json.dumps(flags_by_kind, sort_keys=True), "\0".join(ldflags), str(pymodule), str(standalone),
              *map(str, paths)]
@@ -91,8 +91,8 @@ def recall(call: str) -> Optional[Recalled]:
         if any(_identity(p) != ident for p, ident in record["watch"].items()):
             return None
         t = record["target"]
-        units = [_build.Unit(u["kind"], Path(u["path"]), u["display"], [], u["key"], [Path(d) for d in u["deps"]])
-                 for u in t["units"]]
+        # no deps: a recalled target is opened, never built, and the watch above covered what they were
+        units = [_build.Unit(u["kind"], Path(u["path"]), u["display"], [], u["key"], []) for u in t["units"]]
         return Recalled(t["name"], units, [], t["key"], t["with_cuda"], t["pymodule"], {}, {},
                         standalone=t["standalone"], call=call, namespaces=list(t["namespaces"]),
                         library=record.get("library"))

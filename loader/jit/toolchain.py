@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import _ctypes
 import functools
 import hashlib
 import json
@@ -311,9 +312,9 @@ class _LinkMap(ctypes.Structure):
 def _loaded_library(soname: str) -> Optional[str]:
     """The file of a shared library this process has loaded, asked of the dynamic loader (dlinfo): a warm load
     cannot afford to read the hundreds of lines of /proc/self/maps of a process that imported torch."""
-    try:
-        dlinfo = ctypes.CDLL(None).dlinfo
-        handle = ctypes.CDLL(soname, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)._handle
+    try:  # the process's own symbols and a bare handle: a ctypes.CDLL each would make a class per library
+        dlinfo = ctypes.pythonapi.dlinfo
+        handle = _ctypes.dlopen(soname, os.RTLD_NOLOAD | os.RTLD_LAZY)
     except (OSError, AttributeError):  # not loaded, or no dlinfo (not glibc)
         return None
     link_map = ctypes.POINTER(_LinkMap)()

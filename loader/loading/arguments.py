@@ -110,12 +110,20 @@ def _strings(value, what: str) -> List[str]:
     return out
 
 
+#: what makes shlex.split of a stripped flag more than the flag itself: its white space, quotes and escape
+_SHELL_SPECIAL = frozenset(" \t\r\n'\"\\")
+
+
 def flags(value, what: str) -> List[str]:
     """``extra_cflags=["-g\\n", "-O0 -Wall"]`` is ``["-g", "-O0", "-Wall"]``, as torch's build runs it."""
     out = []
     for flag in _strings(value, what):
+        flag = flag.strip()
+        if flag and not _SHELL_SPECIAL.intersection(flag):  # a plain word: what shlex gives, without its tokenizer
+            out.append(flag)
+            continue
         try:
-            out += shlex.split(flag.strip())
+            out += shlex.split(flag)
         except ValueError as e:
             raise ValueError(f"{what}: cannot split {flag!r} as a command line would ({e})") from None
     return out
