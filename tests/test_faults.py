@@ -283,17 +283,58 @@ def test_verify_reports_and_fixes_corrupt_entries(cache_root, card, capsys):
 
 
 # ------------------------------------------------------------------------------ precompiled headers
-def test_pch_is_off_by_default_on_small_machines(monkeypatch):
+def test_pch_is_on_unless_turned_off_and_built_at_once_with_four_cores(monkeypatch):
     if not toolchain.is_gcc():
         pytest.skip("precompiled headers are used with gcc only")
     monkeypatch.delenv("KERNELKIT_PCH", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    assert not build.pch_enabled()
+    assert build.pch_enabled() and not build._pch_at_once()
     monkeypatch.setenv("KERNELKIT_PCH", "1")
-    assert build.pch_enabled()
+    assert build.pch_enabled() and build._pch_at_once()
+    monkeypatch.setenv("KERNELKIT_PCH", "0")
+    assert not build.pch_enabled()
     monkeypatch.delenv("KERNELKIT_PCH")
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
-    assert build.pch_enabled()
+    assert build.pch_enabled() and build._pch_at_once()
+
+
+@pytest.mark.parametrize("cpus, after_link", [(2, True), (16, False)])
+def test_a_small_machine_builds_a_wanted_pch_after_the_build_at_the_lowest_priority(cache_root, tmp_path,
+                                                                                    monkeypatch, cpus, after_link):
+    """A machine of few cores starts the builder once the build that wanted the PCH is done (its cores are then
+    free), niced; with 4 cores or more it starts while the build runs. Either way the build's library is right."""
+    if not toolchain.is_gcc():
+        pytest.skip("precompiled headers are used with gcc only")
+    monkeypatch.delenv("KERNELKIT_PCH", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: cpus)
+    inc = tmp_path / "inc"
+    (inc / "kernelkit").mkdir(parents=True)
+    (inc / "kernelkit" / "binding.h").write_text("#pragma once\ninline int g() { return 7; }\n")
+    src = tmp_path / "b.cpp"
+    src.write_text('#include <kernelkit/binding.h>\nextern "C" __attribute__((visibility("default"))) '
+                   "int f() { return g(); }\n")
+    target = make_target(src, include_dirs=[inc], pch_defines=[])
+    root = tmp_path / "pch"
+    monkeypatch.setattr(build, "_pch_plan", lambda unit: (root, "kernelkit/binding.h.gch", ["true"]))
+    started = []
+    monkeypatch.setattr(build, "_start_pch_build",
+                        lambda r, gch, cmd, nice=False: started.append((r, nice, build.STATS["links"])))
+    links = build.STATS["links"]
+    so, _, _ = build.build(target)
+    assert call_f(so) == 7
+    assert started == [(root, after_link, links + (1 if after_link else 0))]
+
+
+def test_the_pch_builder_runs_at_the_niceness_it_is_given(tmp_path):
+    """The detached builder lowers its own priority before it runs the compiler (no preexec_fn in a process
+    with threads), and renames a finished header into place."""
+    gch, meta = tmp_path / "h.gch", tmp_path / "pch.json"
+    tmp = tmp_path / ".h.gch.1"
+    shown = tmp_path / "nice"
+    cmd = [sys.executable, "-c", f"import os, sys; open({str(shown)!r}, 'w').write(str(os.nice(0))); "
+           "open(sys.argv[2], 'w').write('pch')"]
+    subprocess.run([sys.executable, "-c", build._PCH_BUILDER, "19", str(tmp), str(gch), str(meta), *cmd], check=True)
+    assert int(shown.read_text()) >= 19 and gch.read_text() == "pch" and json.loads(meta.read_text())["size"] == 3
 
 
 def _binding_unit(tmp_path) -> build.Unit:

@@ -205,6 +205,8 @@ class _BuildState:
 
     children: _Children
     pins: Path
+    #: precompiled headers a compile wanted, to be built once this build is done (a machine of few cores)
+    pch_later: List[Tuple[Path, str, List[str]]] = dataclasses.field(default_factory=list)
 
 
 _BUILDS: Dict[int, _BuildState] = {}  # id(target) -> its running build
@@ -351,7 +353,8 @@ def _in_parallel(fn: Callable[[Unit], Path], units: Sequence[Unit], target: Targ
 # ------------------------------------------------------------------------------------ precompiled header
 _PCH_BUILDER = r"""
 import hashlib, json, os, subprocess, sys
-tmp, gch, meta, cmd = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+niceness, tmp, gch, meta, cmd = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+os.nice(niceness)
 try:
     if subprocess.run(cmd + ["-o", tmp], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                       stderr=subprocess.DEVNULL).returncode == 0:
@@ -372,16 +375,20 @@ finally:
         os.unlink(tmp)
 """  # run detached by `python -c`, holding the claim's flock (an inherited descriptor) until it exits
 _PCH_ANNOUNCED = False
+PCH_AT_ONCE_CPUS = 4
 _PCH_FAILED = re.compile(r"reading precompiled header|PCH file")
 
 
 def pch_enabled() -> bool:
-    """KERNELKIT_PCH=0 turns the precompiled header off, =1 on; by default it is on with gcc on machines
-    with 4 cores or more (building it takes ~25 s of a core that a small machine's compiles need)."""
-    setting = os.environ.get("KERNELKIT_PCH", "")
-    if setting == "0" or (setting != "1" and (os.cpu_count() or 1) < 4):
-        return False
-    return toolchain.is_gcc()
+    """KERNELKIT_PCH=0 turns the precompiled header off; it is on with gcc otherwise."""
+    return os.environ.get("KERNELKIT_PCH", "") != "0" and toolchain.is_gcc()
+
+
+def _pch_at_once() -> bool:
+    """Whether a missing PCH is built as soon as a compile wants it: with 4 cores or more, or KERNELKIT_PCH=1.
+    Otherwise once the build that wanted it is done, niced: its ~25 s of a core would slow a small machine's
+    build, and a host edit comes minutes later."""
+    return os.environ.get("KERNELKIT_PCH", "") == "1" or (os.cpu_count() or 1) >= PCH_AT_ONCE_CPUS
 
 
 def _pch_plan(unit: Unit) -> Tuple[Path, str, List[str]]:
@@ -424,22 +431,28 @@ def _binding_pch_plan(unit: Unit) -> Tuple[Path, str, List[str]]:
     return cache.subdir("pch") / key, "kernelkit/binding.h.gch", cmd
 
 
-def _pch_flags(unit: Unit) -> List[str]:
+def _pch_flags(unit: Unit, target: Optional[Target] = None) -> List[str]:
     """Flags that use a ready, verified PCH; if there is none yet, start building it in a detached
-    process (it outlives this one and is renamed into place when complete), so this build is not slowed."""
+    process (it outlives this one and is renamed into place when complete), so this build is not slowed:
+    at once, or when ``target``'s build is done (``_pch_at_once``)."""
     if (unit.pch_defines is None and unit.pch_header is None) or not pch_enabled():
         return []
     root, gch, cmd = _pch_plan(unit)
     if cache.pch_ready(root):
         _count("pch_used")
         return [f"-I{root}", "-Winvalid-pch"]  # gcc skips a PCH it cannot use and reads the header
-    _start_pch_build(root, gch, cmd)
+    state = _BUILDS.get(id(target)) if target is not None else None
+    if state is None or _pch_at_once():
+        _start_pch_build(root, gch, cmd)
+    elif all(plan[0] != root for plan in state.pch_later):
+        state.pch_later.append((root, gch, cmd))
     return []
 
 
-def _start_pch_build(root: Path, gch_name: str, cmd: List[str]) -> None:
+def _start_pch_build(root: Path, gch_name: str, cmd: List[str], nice: bool = False) -> None:
     """Start the detached PCH builder unless one is at work (it holds the claim's flock until it exits,
-    so a killed builder never blocks the next); a dead builder's partial files are removed first."""
+    so a killed builder never blocks the next); a dead builder's partial files are removed first. ``nice``:
+    at the lowest priority (after a build on a small machine, whose user's work comes first)."""
     global _PCH_ANNOUNCED
     with cache.writing(root):
         (root / gch_name).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -450,7 +463,8 @@ def _start_pch_build(root: Path, gch_name: str, cmd: List[str]) -> None:
         cache.drop_pch(root)
         gch = root / gch_name
         tmp = gch.with_name(f".{gch.name}.{os.getpid()}")
-        subprocess.Popen([sys.executable, "-c", _PCH_BUILDER, str(tmp), str(gch), str(root / cache.PCH_META), *cmd],
+        subprocess.Popen([sys.executable, "-c", _PCH_BUILDER, "19" if nice else "0", str(tmp), str(gch),
+                          str(root / cache.PCH_META), *cmd],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True, pass_fds=(fd,))
     finally:
@@ -574,7 +588,7 @@ def compile_as_written(unit: Unit, target: Target, out: Path, depfile: Path) -> 
     if unit.shape is not None and _rebuilt_device_code(unit, target, out, depfile):
         unit.device_only = True
         return
-    pch = _pch_flags(unit)
+    pch = _pch_flags(unit, target)
     try:
         output = _run(unit.command(out, pch + deps), what, target, "compiles")
     except BuildError as e:
@@ -741,7 +755,7 @@ def build(target: Target) -> Tuple[Path, bool, float]:
         reused = len(target.units) - len(todo)
         desc = f"building {target.name} [{names}]" + (f", {reused} cached object(s) reused" if reused else "")
         t0 = time.perf_counter()
-        with Status(desc), _build_state(target):
+        with Status(desc), _build_state(target) as state:
             objects = _in_parallel(lambda u: _compile_noting_torch_cost(u, target, u in todo), target.units, target)
             with _private_dir(f"lib-{target.name}-") as tmp:
                 out = tmp / target.so_name
@@ -759,5 +773,8 @@ def build(target: Target) -> Tuple[Path, bool, float]:
                 os.chmod(out, 0o700)
                 os.chmod(tmp, 0o700)
                 entry = cache.publish_library(tmp, target.name, target.key)
+            later = list(state.pch_later)
+    for root, gch, cmd in later:  # the build's cores are free now
+        _start_pch_build(root, gch, cmd, nice=True)
     cache.maybe_gc()
     return entry / target.so_name, False, seconds
