@@ -321,6 +321,34 @@ def test_warm_load_in_a_new_process_neither_scans_nor_hashes(tmp_path):
 
 
 @pytest.mark.usefixtures("fresh_files_recorded")
+def test_a_warm_load_inline_in_a_new_process_neither_scans_nor_hashes():
+    """load_inline's generated sources are recorded as load's files are: a new process loading the same strings
+    scans and hashes nothing, and another string is planned in full."""
+    text = 'extern "C" int kk_recall_inline() { return 41; }\n'
+    kw = dict(no_implicit_headers=True, is_python_module=False)
+    built = kernelkit.load_inline("kk_recall_inline", [text], **kw)  # builds and records the plan
+    code = f"""
+        import kernelkit
+        from kernelkit.jit import cache, recall, sources
+        recall.RACY_SECONDS = recall.FINE_RACY_SECONDS = -3600.0  # the test's files are seconds old
+        def refuse(*a, **k):
+            raise AssertionError("the warm path scanned or hashed")
+        sources.scan_includes = sources.digest_tree = refuse
+        if REFUSE_HASHING:
+            cache.verified_library = refuse
+        print("warm", kernelkit.load_inline("kk_recall_inline", [{text!r}], **{kw!r}))
+    """
+    for refuse_hashing in (False, True):  # the first new process keeps the library's identity once its hash matched
+        out = _python(code.replace("REFUSE_HASHING", str(refuse_hashing)))
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert f"warm {built}" in out.stdout
+    recalled = plan.plan_torch_inline("kk_recall_inline", [text], None, None, use_record=True, **kw)
+    other = plan.plan_torch_inline("kk_recall_inline", [text.replace("41", "42")], None, None, use_record=True, **kw)
+    assert isinstance(recalled, recall.Recalled) and not isinstance(other, recall.Recalled)
+    assert other.key != recalled.key
+
+
+@pytest.mark.usefixtures("fresh_files_recorded")
 def test_a_full_plans_load_of_a_cached_library_keeps_its_verified_identity(tmp_path):
     """A plan not recorded when it was built (its sources had just changed) is planned in full by the next load,
     which hashes the library: that hash serves the record too, so the load after it hashes nothing."""

@@ -214,7 +214,9 @@ def _watched(target: _build.Target) -> Set[Path]:
             out.update(_nested_lookups(f, [f.parent, *search.quote, *search.angle], search.angle))
     out.update(sources.link_inputs(target.ldflags, outside))
     out.update(_library_dirs(target.ldflags))
-    return {p for p in out if not sources.under(p, outside)}
+    # a generated source's dir holds that file alone, and a build marks the dir as used for gc (its mtime)
+    generated = Path(os.path.realpath(cache.subdir("src")))  # as the watched paths are: resolved
+    return {p for p in out if not sources.under(p, outside) and p.parent != generated}
 
 
 def _library_dirs(ldflags: Sequence[str]) -> List[Path]:

@@ -2,9 +2,9 @@
 not a source file. Identities are cheap (stat, no process spawned) so a warm load never runs a compiler."""
 from __future__ import annotations
 
+import _ctypes
 import contextlib
 import ctypes
-import _ctypes
 import functools
 import hashlib
 import json

@@ -2,6 +2,7 @@
 torch.utils.cpp_extension's arguments and results, each source its own cached unit."""
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any, Dict, List
@@ -34,14 +35,20 @@ def load(name: str, args: Dict[str, Any]):
         with joining(group, str(name)):
             target = plan.plan_extension(str(name), _checked_paths(args), **_options(args, python_module))
         return open_extension(target, python_module, args.get("build_directory"), do_load, group)
-    paths, options = _checked_paths(args), _options(args, python_module)
-    target = plan.plan_extension(str(name), paths, use_record=True, **options)  # a record when nothing changed
+    make_plan = functools.partial(plan.plan_extension, str(name), _checked_paths(args), **_options(args, python_module))
+    return _recalled_or_planned(make_plan, python_module, args.get("build_directory"), do_load)
+
+
+def _recalled_or_planned(make_plan, python_module: bool, build_directory, do_load: bool):
+    """The cached library of the plan recorded for this call when nothing it read has changed, else the full
+    plan's build (which records the plan for the next process)."""
+    target = make_plan(use_record=True)
     if isinstance(target, recall.Recalled):
-        result = open_extension(target, python_module, args.get("build_directory"), do_load, cached_only=True)
+        result = open_extension(target, python_module, build_directory, do_load, cached_only=True)
         if result is not None:
             return result
-        target = plan.plan_extension(str(name), paths, **options)  # its build is gone: plan it to build it
-    return open_extension(target, python_module, args.get("build_directory"), do_load)
+        target = make_plan()  # its build is gone: plan it to build it
+    return open_extension(target, python_module, build_directory, do_load)
 
 
 def _checked_paths(args: Dict[str, Any]) -> List[Path]:
@@ -60,12 +67,15 @@ def load_inline(name: str, args: Dict[str, Any]):
     if args.get("cpp_sources") is None:
         raise TypeError("load_inline() needs source code: cpp_sources (torch's form: name, cpp_sources, "
                         "cuda_sources, ...) or kernelkit's cuda=/cpp= keywords")
-    python_module = arguments.option(args, "is_python_module", True)
-    with joining(args.get("group"), str(name)):
-        target = plan.plan_torch_inline(
-            name, args.get("cpp_sources"), args.get("cuda_sources"), args.get("functions"),
-            with_pytorch_error_handling=arguments.option(args, "with_pytorch_error_handling", True),
-            no_implicit_headers=bool(args.get("no_implicit_headers")),
-            gil_not_used=bool(args.get("gil_not_used")), arch=args.get("arch"),
-            with_cuda=args.get("with_cuda"), is_python_module=python_module, **arguments.build_flags(args))
-    return open_extension(target, python_module, args.get("build_directory"), True, args.get("group"))
+    python_module, group = arguments.option(args, "is_python_module", True), args.get("group")
+    make_plan = functools.partial(
+        plan.plan_torch_inline, name, args.get("cpp_sources"), args.get("cuda_sources"), args.get("functions"),
+        with_pytorch_error_handling=arguments.option(args, "with_pytorch_error_handling", True),
+        no_implicit_headers=bool(args.get("no_implicit_headers")), gil_not_used=bool(args.get("gil_not_used")),
+        arch=args.get("arch"), with_cuda=args.get("with_cuda"), is_python_module=python_module,
+        **arguments.build_flags(args))
+    if group is not None:
+        with joining(group, str(name)):
+            target = make_plan()
+        return open_extension(target, python_module, args.get("build_directory"), True, group)
+    return _recalled_or_planned(make_plan, python_module, args.get("build_directory"), True)
