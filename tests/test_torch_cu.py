@@ -199,7 +199,7 @@ def test_the_host_tu_built_with_its_precompiled_preamble_is_the_same_object(work
     monkeypatch.setenv("KERNELKIT_PCH", "1")
     root, gch, cmd = build._pch_plan(part)
     root.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-c", build._PCH_BUILDER, str(root / f".{gch}.tmp"), str(root / gch),
+    subprocess.run([sys.executable, "-c", build._PCH_BUILDER, "0", str(root / f".{gch}.tmp"), str(root / gch),
                     str(root / cache.PCH_META), *cmd], check=True)  # what the detached builder runs
     assert cache.pch_ready(root)
     before = dict(build.STATS)
