@@ -773,8 +773,7 @@ def build(target: Target) -> Tuple[Path, bool, float]:
                 os.chmod(out, 0o700)
                 os.chmod(tmp, 0o700)
                 entry = cache.publish_library(tmp, target.name, target.key)
-            later = list(state.pch_later)
-    for root, gch, cmd in later:  # the build's cores are free now
+    for root, gch, cmd in state.pch_later:  # the build's cores are free now
         _start_pch_build(root, gch, cmd, nice=True)
     cache.maybe_gc()
     return entry / target.so_name, False, seconds

@@ -215,7 +215,7 @@ def _watched(target: _build.Target) -> Set[Path]:
     out.update(sources.link_inputs(target.ldflags, outside))
     out.update(_library_dirs(target.ldflags))
     # a generated source's dir holds that file alone, and a build marks the dir as used for gc (its mtime)
-    generated = Path(os.path.realpath(cache.subdir("src")))  # as the watched paths are: resolved
+    generated = Path(os.path.realpath(cache.cache_dir() / "src"))  # as the watched paths are: resolved
     return {p for p in out if not sources.under(p, outside) and p.parent != generated}
 
 
