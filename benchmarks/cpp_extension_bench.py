@@ -15,7 +15,8 @@ The styles lltm (AT_DISPATCH + PackedTensorAccessor) and muladd (TORCH_LIBRARY i
 tests/fixtures/torch_cu.
 Usage: python benchmarks/cpp_extension_bench.py [--styles cem sigmoid mul lltm muladd cem_ported gan raster15
        torch_library] [--phases cold warm edit host_edit] [--warm-repeats 7] [--out results.json]
-(the styles take about 30 minutes on a 16-core host; pass a few --styles per run)
+(the styles take about 30 minutes on a 16-core host, where each new process importing torch takes 3-4 s;
+pass a few --styles per run; --out is rewritten after each style and tool, so a run cut short keeps its rows)
 """
 from __future__ import annotations
 
@@ -213,7 +214,13 @@ def main() -> int:
         for style in args.styles:
             for tool in args.tools:
                 rows.setdefault(style, {})[tool] = measure(style, tool, Path(tmp), args.phases, args.warm_repeats, cuda)
-                print(style, tool, {k: round(v, 4) for k, v in rows[style][tool].items() if k != "warm_all"}, flush=True)
+                r = rows[style][tool]
+                print(style, tool, {k: round(v, 4) for k, v in r.items() if k != "warm_all"},
+                      *(["warm ms in order:", [round(w * 1e3, 2) for w in r["warm_all"]]] if "warm_all" in r else []),
+                      flush=True)
+                if args.out:  # after each row: a run stopped at a device call's time limit keeps what it measured
+                    Path(args.out).write_text(json.dumps({"gpu": gpu, "cpus": os.cpu_count(),
+                                                          "torch": torch.__version__, "results": rows}, indent=1))
     print(f"\n{gpu}, {os.cpu_count()} CPUs, torch {torch.__version__}")
     print("| style | phase | torch | kernelkit | torch / kernelkit |\n|---|---|---|---|---|")
     for style, r in rows.items():
@@ -225,9 +232,6 @@ def main() -> int:
                 lambda s: "" if s is None else f"{s:.2f} s")
             ratio = f"{t / k:.1f}x" if t is not None and k is not None else ""
             print(f"| {style} | {phase} | {fmt(t)} | {fmt(k)} | {ratio} |")
-    if args.out:
-        Path(args.out).write_text(json.dumps({"gpu": gpu, "cpus": os.cpu_count(), "torch": torch.__version__,
-                                              "results": rows}, indent=1))
     return 0
 
 
