@@ -6,6 +6,7 @@ module that holds it, by a timer adding up its inclusive time and its calls. Sec
 them; ``other`` is the load's time outside the top-level ones. Each process also reports the CPU it ended on and
 whether the library's sha256 was computed (the first load after a build does; later ones keep its identity).
 Usage: python benchmarks/warm_load_sections.py [--style raster15] [--loads 15] [--out sections.json]
+[--profile 40]
 (one cold build first, then one new process per load: 3-4 s each on a 16-core GPU host)
 """
 from __future__ import annotations
@@ -67,15 +68,26 @@ for module, name, _ in sections:
 kwargs = dict(call["kwargs"])
 if "extra_include_paths" in kwargs:
     kwargs["extra_include_paths"] = [os.path.join(work, p) for p in kwargs["extra_include_paths"]]
+paths = [os.path.join(work, s) for s in call["sources"]]
+if len(sys.argv) > 4:  # a profiled load: its top functions to stdout
+    import cProfile, pstats
+    with cProfile.Profile() as prof:
+        ext.load(call["name"], paths, **kwargs)
+    rows = [(v[2], v[3], v[1], f"{k[0]}:{k[1]}({k[2]})") for k, v in pstats.Stats(prof).stats.items()]
+    for column in (0, 1):  # by own time, then by inclusive time
+        print(f"{'own us':>8} {'incl us':>8} {'calls':>6}  function")  # pstats rounds to ms
+        for own, incl, n, where in sorted(rows, key=lambda r: r[column], reverse=True)[:int(sys.argv[4])]:
+            print(f"{own * 1e6:8.1f} {incl * 1e6:8.1f} {n:6d}  {where[-110:]}")
+    sys.exit(0)
 t = time.perf_counter()
-ext.load(call["name"], [os.path.join(work, s) for s in call["sources"]], **kwargs)
+ext.load(call["name"], paths, **kwargs)
 total = time.perf_counter() - t
 cpu = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[36])  # field 39: the CPU it last ran on
 print(json.dumps({"total": total, "spent": spent, "calls": calls, "cpu": cpu}))
 """
 
 
-def measure(style: str, loads: int, root: Path, cuda: bool) -> list:
+def measure(style: str, loads: int, root: Path, cuda: bool, profile: int = 0) -> list:
     work = root / style
     work.mkdir()
     spec, call = _prepare(style, work, cuda)
@@ -90,6 +102,10 @@ def measure(style: str, loads: int, root: Path, cuda: bool) -> list:
         if out.returncode != 0:
             raise RuntimeError(f"warm load failed:\n{out.stderr[-4000:]}")
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    if profile:  # after the timed loads, so that it cannot change what they measure
+        out = subprocess.run([sys.executable, "-c", WORKER, "[]", str(work), json.dumps(call), str(profile)],
+                             capture_output=True, text=True, env=env)
+        print(out.stdout if out.returncode == 0 else out.stderr[-4000:])
     return rows
 
 
@@ -115,10 +131,12 @@ def main() -> int:
     p.add_argument("--style", default="raster15", choices=PACKAGE_STYLES)
     p.add_argument("--loads", type=int, default=15, help="new processes, each timing one warm load")
     p.add_argument("--out", help="write every process's sections here (JSON)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="one more load under cProfile: its N top functions by own and by inclusive time")
     args = p.parse_args()
     print(f"GPU: {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}; torch {torch.__version__}")
     with tempfile.TemporaryDirectory() as tmp:
-        rows = measure(args.style, args.loads, Path(tmp), torch.cuda.is_available())
+        rows = measure(args.style, args.loads, Path(tmp), torch.cuda.is_available(), args.profile)
     report(rows)
     if args.out:
         Path(args.out).write_text(json.dumps({"style": args.style, "sections": SECTIONS, "rows": rows}, indent=1))

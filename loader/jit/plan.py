@@ -6,6 +6,7 @@ it writes is generated source text, into the content-addressed ``src/`` cache (w
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Union
@@ -220,6 +221,9 @@ def plan_extension(name: str, sources: Sequence[Path], *, arch=None, extra_cflag
         if recalled is not None:
             return recalled
         started = time.time()
+    for src in sources:  # only now: a record holds the identities of files that existed, so a missing one misses it
+        if not os.path.isfile(src):
+            raise FileNotFoundError(f"sources: {src} does not exist")
     units, shown_texts = [], dict(texts or {})
     for src in sources:
         kind = "cu" if src.suffix in CUDA_SUFFIXES else "cpp"

@@ -21,11 +21,7 @@ def source_paths(sources) -> List[Path]:
     for s in items:
         if not isinstance(s, (str, os.PathLike)):
             raise TypeError(f"sources: expected file paths, got {s!r:.80}")
-    paths = resolved(os.path.expanduser(s) for s in items)
-    for s, p in zip(items, paths):
-        if not p.is_file():
-            raise FileNotFoundError(f"sources: {s} does not exist")
-    return paths
+    return resolved(os.path.expanduser(s) for s in items)  # plan_extension says which ones do not exist
 
 
 def load(name: str, args: Dict[str, Any]):

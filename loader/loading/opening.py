@@ -140,7 +140,8 @@ def open_extension(target: _build.Target, is_python_module: bool, build_director
 
 
 def _say_reused(target: _build.Target, so: Path) -> None:
-    if Path(so).is_relative_to(cache.cache_dir()):  # a prebuilt said so itself when it was found
+    # a prebuilt said so itself when it was found; a recalled target's library is always the cache's
+    if isinstance(target, recall.Recalled) or Path(so).is_relative_to(cache.cache_dir()):
         say(f"{target.name}: reusing cached build {target.key[:12]}")
 
 
