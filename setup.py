@@ -42,31 +42,38 @@ def _pinned_to_this_torch(dependencies: list) -> list:
     return [f"torch=={public}" if d.startswith("torch") else d for d in dependencies]
 
 
-def _aot_kwargs() -> dict:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        sys.exit("KERNELKIT_AOT=1 compiles against the installed torch, which this build environment lacks: "
-                 "run pip with --no-build-isolation (after installing torch)")
-    # import this tree's kernelkit (not an installed one): its package maps loader/, kernels/, reference/
+def _kernelkit():
+    """This tree's kernelkit (not an installed one): its package maps loader/, kernels/, reference/. Importing it
+    imports no torch; its settings module reads the KERNELKIT_AOT* variables."""
     spec = importlib.util.spec_from_file_location("kernelkit", HERE / "loader" / "__init__.py",
                                                   submodule_search_locations=[str(HERE / "loader"), str(HERE)])
     kk = importlib.util.module_from_spec(spec)
     sys.modules["kernelkit"] = kk
     spec.loader.exec_module(kk)
+    from kernelkit import settings
+
+    return settings
+
+
+def _aot_kwargs(settings) -> dict:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        sys.exit("KERNELKIT_AOT=1 compiles against the installed torch, which this build environment lacks: "
+                 "run pip with --no-build-isolation (after installing torch)")
     from kernelkit import aot
 
-    ops = [o for o in os.environ.get("KERNELKIT_AOT_OPS", "").replace(",", " ").split() if o]
+    ops = settings.AOT_OPS.get().replace(",", " ").split()
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
-    kwargs = aot.setup_kwargs(ops or None, kernels_dir=os.environ.get("KERNELKIT_AOT_KERNELS_DIR") or None)
+    kwargs = aot.setup_kwargs(ops or None, kernels_dir=settings.AOT_KERNELS_DIR.get())
     kwargs["install_requires"] = _pinned_to_this_torch(DEPENDENCIES)
-    base = os.environ.get("KERNELKIT_AOT_BUILD_DIR")
+    base = settings.AOT_BUILD_DIR.get()
     if base:  # out of the tree; objects in <base>/temp are kept between builds (ninja redoes what changed)
         os.makedirs(base, exist_ok=True)
-        kwargs["options"] = {"build": {"build_base": base}, "build_ext": {"build_temp": os.path.join(base, "temp")},
-                             "egg_info": {"egg_base": base}}
+        kwargs["options"] = {"build": {"build_base": str(base)}, "build_ext": {"build_temp": str(base / "temp")},
+                             "egg_info": {"egg_base": str(base)}}
     return kwargs
 
 
-setup(**(_aot_kwargs() if os.environ.get("KERNELKIT_AOT", "0") not in ("", "0") else
-         {"install_requires": DEPENDENCIES}))
+SETTINGS = _kernelkit()
+setup(**(_aot_kwargs(SETTINGS) if SETTINGS.AOT.get() else {"install_requires": DEPENDENCIES}))

@@ -13,6 +13,8 @@ SPEC = kernelkit.Spec(
     shapes=cardkit.ELEMENTWISE_SHAPES,
     bench_sizes=cardkit.ELEMENTWISE_BENCH_SIZES,
     grad_inputs=(0, 1),
+    torch_op=reference,  # the reference is torch.mul itself
+    torch_op_name="torch.mul",
     doc="c = a * b, broadcasting; grad_a = g * b, grad_b = g * a",
 )
 

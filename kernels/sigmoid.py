@@ -14,6 +14,7 @@ SPEC = kernelkit.Spec(
     shapes=cardkit.ELEMENTWISE_SHAPES,
     bench_sizes=cardkit.ELEMENTWISE_BENCH_SIZES,
     grad_inputs=(0,),
+    torch_op=torch.sigmoid,  # the reference spells out the stable formula; bench times torch's own op too
     doc="numerically stable sigmoid; backward g * s * (1 - s) from the saved output, fused",
 )
 

@@ -41,6 +41,8 @@ SPEC = kernelkit.Spec(
     bench_sizes=cardkit.ELEMENTWISE_BENCH_SIZES,
     grad_inputs=(0, 1),
     out_arg="out",
+    torch_op=reference,  # the reference is torch.add itself
+    torch_op_name="torch.add",
     doc="c = a + alpha * b, broadcasting, optional out=",
 )
 

@@ -5,12 +5,12 @@ The public names are imported on first use (PEP 562), so ``import kernelkit`` an
 command's quick subcommands do not pay for importing torch.
 """
 import importlib as _importlib
-import os as _os
 import warnings as _warnings
 
+from . import settings as _settings
 from .version import __version__ as __version__
 
-if _os.environ.get("KERNELKIT_PATCH_TORCH", "").strip().lower() not in ("", "0", "false", "no", "off"):
+if _settings.PATCH_TORCH.get():
     from . import patch as _patch  # torch.utils.cpp_extension goes through kernelkit (README, "Porting")
 
     _patch.patch_when_imported()

@@ -23,15 +23,16 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-ENV = "KERNELKIT_PATCH_TORCH"
+from . import settings
+
 #: the directory holding the sitecustomize that applies the patch in child processes
 SITE_DIR = Path(__file__).resolve().parent / "patch_site"
 _TARGET = "torch.utils.cpp_extension"
 
 
 def wanted() -> bool:
-    """Whether ``KERNELKIT_PATCH_TORCH`` asks for the patch (set, and not 0/false/no/off)."""
-    return os.environ.get(ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+    """Whether ``KERNELKIT_PATCH_TORCH`` asks for the patch (on: 1/on/true/yes)."""
+    return settings.PATCH_TORCH.get()
 
 
 def _apply() -> None:
@@ -92,7 +93,7 @@ def patch_when_imported() -> None:
 def child_environment(env: Optional[dict] = None) -> dict:
     """``env`` (default: this process's) with the patch on for Python processes started with it."""
     env = dict(os.environ if env is None else env)
-    env[ENV] = "1"
+    env[settings.PATCH_TORCH.name] = "1"
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(SITE_DIR)]
     env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR), *paths])
     return env
@@ -111,7 +112,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if problem:
         print(f"kernelkit.patch: {problem}\n{_usage()}", file=sys.stderr)
         return 2
-    os.environ.update({k: v for k, v in child_environment().items() if k in (ENV, "PYTHONPATH")})
+    os.environ.update({k: v for k, v in child_environment().items() if k in (settings.PATCH_TORCH.name, "PYTHONPATH")})
     patch_when_imported()
     if args[0] == "-m":
         sys.argv = args[1:]

@@ -1,7 +1,20 @@
-"""Shared test setup: an isolated kernelkit cache for the session, and the `gpu` marker's skip."""
+"""Shared test setup: one temporary directory for the whole run (removed when it passes), an isolated kernelkit
+cache per process, and the `gpu` marker's skip."""
 import os
+import shutil
+import sys
 import tempfile
 
+# Everything the run writes to the temporary directory (the kernelkit caches, pytest's tmp_path, nvcc's tmpxft
+# files, torch.compile's cache, build logs) goes into one directory: pytest-xdist's workers inherit it from the
+# run's first process, which removes it at the end (keeps it when a test failed, and says where).
+if "KK_TEST_RUN_TMPDIR" not in os.environ:
+    os.environ["KK_TEST_RUN_TMPDIR"] = tempfile.mkdtemp(prefix="kk-tests-")
+    os.environ["TMPDIR"] = os.environ["KK_TEST_RUN_TMPDIR"]
+    tempfile.tempdir = None  # read TMPDIR again
+    _OWNS_TMPDIR = True
+else:
+    _OWNS_TMPDIR = False
 # Before kernelkit is imported anywhere: keep tests out of the user's cache, but share one cache across
 # the session so compiled objects (the torch-facing binding TUs above all) are reused between tests.
 if "KERNELKIT_TEST_KEEP_CACHE" not in os.environ:
@@ -32,6 +45,17 @@ def _cuda_build_problem():
     except Exception as e:  # noqa: BLE001 - any reason is a reason to skip
         return str(e)
     return None
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The run's first process removes the run's temporary directory, or says where it is kept."""
+    if not _OWNS_TMPDIR or hasattr(session.config, "workerinput"):
+        return
+    run_dir = os.environ["KK_TEST_RUN_TMPDIR"]
+    if exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        shutil.rmtree(run_dir, ignore_errors=True)
+    else:
+        print(f"\nthe run's temporary files are kept for a look in {run_dir} (remove it when done)", file=sys.stderr)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -3,6 +3,7 @@ the cached bandwidth floor, output files), the CUDA paths on a GPU."""
 import argparse
 import csv
 import json
+import re
 import sys
 import time
 
@@ -38,10 +39,10 @@ def test_cpu_sweep_rows_and_files(tmp_path):
         assert floor["median_us"] == pytest.approx(floor["bytes"] / res.bandwidth_bytes_per_s * 1e6)
     assert set(res.host_us) == {"torch.add", "mul", "eager"}
     text = repr(res)
-    assert "16384" in text and "floor" in text and "mul vs eager (95% CI)" in text
+    assert "16384" in text and "floor" in text and "mul vs reference (eager) (95% CI)" in text
     assert "<table>" in res._repr_html_()
     data = json.loads(res.to_json(tmp_path / "r.json").read_text())
-    assert len(data["rows"]) == len(SIZES) * 3
+    assert len(data["rows"]) == len(SIZES) * (2 * len(res.threads) + 1)  # two contenders per thread count, a floor
     rows = list(csv.DictReader(open(res.to_csv(tmp_path / "r.csv"))))
     assert {r["contender"] for r in rows} == {"mul", "eager", "floor"}
     pngs = res.plot(tmp_path / "plots")
@@ -59,7 +60,7 @@ def test_times_reflect_the_work():
     assert res.get("slow")["reps"] == res.get("fast")["reps"] <= 60
     # the first contender against the other, round by round: "slow" is slower, and its interval says so
     r = res.paired("fast")
-    assert r.verdict == "slower" and r.lo <= r.median <= r.hi < 0.5, r
+    assert r.lo <= r.median <= r.hi < 0.5 and r.verdict in ("slower", "unreliable"), r  # unreliable: a busy machine
     assert res.paired("slow") is None  # the first contender has no ratio to itself
 
 
@@ -207,7 +208,7 @@ def test_summary_shows_the_table():
     res = bench(torch.mul, elementwise_inputs(2), reference=torch.mul, sizes=SIZES, compile=False, budget_ms=2,
                 warmup_ms=1, host_overhead=False)
     text = res.summary()
-    assert text.splitlines()[0] == res.title() and "16384" in text and "mul vs eager (95% CI)" in text
+    assert text.splitlines()[0] == res.title() and "16384" in text and "mul vs reference (eager) (95% CI)" in text
     assert repr(res) == text
 
 
@@ -254,6 +255,92 @@ def test_bench_command_refuses_an_empty_sweep(capsys):
 
     assert cli.main(["bench", "vector_add", "--sizes", ",", "--device", "cpu"]) == 2
     assert "--sizes: expected at least one size" in capsys.readouterr().err
+
+
+def test_a_cpu_bench_times_each_size_at_one_thread_and_at_the_default_with_the_load(tmp_path):
+    before = torch.get_num_threads()
+    res = bench(torch.mul, elementwise_inputs(2), reference=torch.mul, sizes=[(1 << 12,)], compile=False, budget_ms=2,
+                warmup_ms=1, host_overhead=False, threads=[1, 2])
+    assert res.threads == [1, 2] and [(w["size"], w["threads"]) for w in res.loads] == [([4096], 1), ([4096], 2)]
+    for t in (1, 2):
+        row = res.get("eager", threads=t)
+        assert row["threads"] == t and row["reps"] >= 5 and "others_cpus" in row and res.paired("eager", threads=t)
+    assert res.get("eager") is res.get("eager", threads=2)  # torch's default unless asked
+    assert all(w["cpus"] >= 1 and w["loadavg_before"] is not None for w in res.loads)
+    assert "threads 1, 2" in res.title() and [r[1] for r in res.table_rows()] == [1, 2]
+    rows = list(csv.DictReader(open(res.to_csv(tmp_path / "r.csv"))))
+    assert {r["threads"] for r in rows} == {"1", "2", ""} and {"unreliable", "others_cpus"} <= set(rows[0])
+    assert torch.get_num_threads() == before  # restored
+    series, _, title = res.plot_args()
+    assert title.endswith(", 2 threads") and {p["threads"] for p in series["mul"]} == {2}
+
+
+def test_the_baseline_is_torchs_own_op_named_in_the_table():
+    """A card whose reference is a formula is timed against torch's own op too, and that is its baseline; one whose
+    reference is torch's op is timed once, by the op's name; without one the baseline is the reference, so named."""
+    formula = Spec(name="negcard", reference=lambda x: 0 - x, make_inputs=elementwise_inputs(1), op=torch.neg,
+                   bench_sizes=((256,),), torch_op=torch.neg)
+    res = bench(formula, compile=False, budget_ms=2, warmup_ms=1, host_overhead=False, floor=False)
+    assert res.contenders == ["kernelkit", "torch.neg", "eager"] and res.baseline == "torch.neg"
+    assert "kernelkit vs torch.neg (95% CI)" in res.summary() and "reference (eager)" in res.summary()
+    same = Spec(name="addcard", reference=torch.add, make_inputs=elementwise_inputs(2), op=torch.add,
+                bench_sizes=((256,),), torch_op=torch.add, torch_op_name="torch.add")
+    res = bench(same, compile=False, budget_ms=2, warmup_ms=1, host_overhead=False, floor=False)
+    assert res.contenders == ["kernelkit", "torch.add"] and res.baseline == "torch.add"
+    none = Spec(name="plain", reference=lambda x: 0 - x, make_inputs=elementwise_inputs(1), op=torch.neg,
+                bench_sizes=((256,),))
+    assert bench(none, compile=False, budget_ms=2, warmup_ms=1, host_overhead=False, floor=False).baseline == "eager"
+
+
+def test_a_loaded_machine_marks_cpu_ratios_unreliable_instead_of_giving_an_interval():
+    """Busy processes on the CPUs this process may use (two per CPU, so that together they keep more than half a CPU
+    busy whatever else runs): the timing's threads find no idle CPU, and the table, the title, the notes and the
+    plot say so; no interval is printed. Asserts the flag only, never a speed."""
+    import subprocess
+
+    from kernelkit.harness import machine, report
+
+    cpus = machine.cpu_ids()
+    if machine.busy_cpu_seconds(cpus) is None:
+        pytest.skip("no /proc/stat: the load is known from the load average only")
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * len(cpus))]
+    try:
+        time.sleep(0.2)  # the spinners are running
+        res = bench({"ours": torch.add, "other": torch.add}, elementwise_inputs(2), sizes=[(4096,)],
+                    threads=[len(cpus)], budget_ms=30, host_overhead=False, floor=False)
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    [window] = res.loads
+    assert window["busy"].startswith("machine busy: others used") and window["others_cpus"] > 0.5, window
+    r = res.paired("other")
+    assert r.verdict == "unreliable" and r.caveat == window["busy"]
+    cell = res.table_rows()[0][-1]
+    assert cell.startswith("unreliable (machine busy") and not re.search(r"\(\d+\.\d+-\d+\.\d+\)", cell), cell
+    assert "busy in 1 of 1 timings" in res.title() and any("rerun on an idle machine" in n for n in res.notes)
+    figs = report.sweep_figures(*res.plot_args())
+    try:
+        assert any("unreliable" in t.get_text() for t in figs["speedup"].axes[0].texts)
+    finally:
+        for fig in figs.values():
+            report._pyplot().close(fig)
+
+
+def test_when_a_cpu_timing_is_void():
+    from kernelkit.harness.machine import Load
+    from kernelkit.harness.timing import Ratio
+
+    assert Load(cpus=2, threads=1, others_cpus=1.0).busy() is None  # one thread, one idle CPU: it stands
+    assert "others used 1.0 of 2 CPUs" in Load(cpus=2, threads=2, others_cpus=1.0).busy()
+    assert Load(cpus=2, threads=2, others_cpus=0.3).busy() is None  # jiffy rounding is not load
+    assert Load(cpus=2, threads=1, loadavg_before=1.2, loadavg_after=2.1).busy() is None  # no /proc/stat
+    assert "load average 3.0" in Load(cpus=2, threads=1, loadavg_before=3.0, loadavg_after=2.1).busy()
+    assert Ratio(2.0, 1.9, 2.1, 50).judged().verdict == "faster"
+    assert Ratio(2.0, 1.9, 2.1, 50).judged("machine busy: x").caveat == "machine busy: x"
+    wide = Ratio(1.0, 0.5, 3.0, 50).judged()
+    assert wide.verdict == "unreliable" and wide.caveat == "spread: its 95% interval is 0.50-3.00x"
+    assert "unreliable: spread" in str(wide)
 
 
 def test_parse_sizes():

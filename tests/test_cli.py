@@ -36,6 +36,43 @@ def test_quick_commands_do_not_import_torch(args):
     assert "kernelkit.frontends.cli" in mods and "torch" not in mods
 
 
+@pytest.mark.parametrize("args, said", [
+    (["check", "sigmoid", "--dtype", "fp8"], "unknown dtype 'fp8'"), (["bench", "sigmoid", "--sizes", "lots"], "bad size"),
+    (["bench", "sigmoidd"], "no card named 'sigmoidd'"), (["run", "--sizes", "x"], "bad size 'x'"),
+    (["run", "nosuch"], "no card named 'nosuch'")])
+def test_argument_errors_answer_before_torch_is_imported(args, said):
+    proc = run_cli(*args)
+    assert proc.returncode == 2 and said in proc.stderr, proc.stderr[-2000:]
+    assert "torch" not in imported(proc.stderr)
+
+
+def test_api_argument_errors_answer_before_torch_is_imported():
+    code = """if True:
+        import sys, kernelkit
+        calls = [lambda: kernelkit.load_inline("x", bogus=1), lambda: kernelkit.load("x", *[[]] * 20),
+                 lambda: kernelkit.load_inline("x", cpp="int f();", cpp_sources="int g();"),
+                 lambda: kernelkit.load_inline("x", cpp="int f();", extra_cflags="-O3"),
+                 lambda: kernelkit.load_inline("not a name", cuda="__global__ void k() {}"),
+                 lambda: kernelkit.load_inline("x", cpp=3), lambda: kernelkit.load_inline("x", sycl_sources="k()")]
+        for call in calls:
+            try:
+                call()
+            except (TypeError, ValueError) as e:
+                print(type(e).__name__, str(e).split(";")[0])
+        assert "torch" not in sys.modules, "torch imported"
+    """
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == [
+        "TypeError load_inline() got an unexpected keyword argument 'bogus'",
+        "TypeError load() takes at most 14 positional arguments (name, then torch's), got 21",
+        "TypeError load_inline(): pass either torch's cpp_sources/cuda_sources or kernelkit's cpp=/cuda=, not both",
+        "TypeError extra_cflags: expected a list of strings, got the string '-O3' (wrap it in a list)",
+        "ValueError name: expected an identifier (it names the library), got 'not a name'",
+        "TypeError cpp: expected source code as a str, got int",
+        "ValueError sycl_sources: kernelkit builds C++ and CUDA sources, not SYCL"], proc.stdout
+
+
 def test_version_is_the_installed_one():
     proc = run_cli("--version")
     assert proc.stdout.strip() == f"kernelkit {kernelkit.__version__}"

@@ -29,9 +29,19 @@ def test_this_machine_can_build_and_the_json_names_every_check(tmp_path):
     report = json.loads(proc.stdout)
     checks = {f["check"]: f for f in report["findings"]}
     assert report["blocking"] is False
-    assert {"Python headers", "C++ compiler", "nvcc", "ninja", "cache", "cache locks", "cuobjdump"} <= set(checks)
+    assert {"settings", "Python headers", "C++ compiler", "nvcc", "ninja", "cache", "cache locks",
+            "cuobjdump"} <= set(checks)
     assert checks["cache"]["status"] == "ok" and str(tmp_path / "cache") in checks["cache"]["detail"]
     assert checks["cache locks"]["status"] == "ok"
+
+
+def test_a_setting_that_does_not_parse_is_named(monkeypatch):
+    monkeypatch.setenv("KERNELKIT_PCH", "sometimes")
+    found = _by_check(doctor.check_settings())
+    pch = found["KERNELKIT_PCH"]
+    assert pch.status == doctor.FAIL and "KERNELKIT_PCH='sometimes': expected one of auto" in pch.detail
+    monkeypatch.setenv("KERNELKIT_PCH", "off")
+    assert [f.status for f in doctor.check_settings()] == [doctor.OK]
 
 
 def test_a_missing_compiler_blocks_builds_and_says_what_to_do(tmp_path):

@@ -274,7 +274,7 @@ def _arm(point: str, marks: Path) -> None:
 
         build._spawn = spawn
     elif point == "linked":
-        after(build, "_run", lambda cmd, what, *rest: what.startswith("linking"))
+        after(build, "run_tool", lambda cmd, what, *rest: what.startswith("linking"))
     elif point == "manifest-written":
         after(cache, "write_manifest")
     elif point == "before-publish":

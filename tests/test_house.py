@@ -13,7 +13,7 @@ ROOT = Path(kernelkit.__file__).resolve().parent
 #: module (or package prefix) -> layer; a module may import its own layer or lower ones, never a higher one
 LAYERS = [
     ("kernelkit.version", 0), ("kernelkit.errors", 0), ("kernelkit.diagnostics", 0), ("kernelkit.device_output", 0),
-    ("kernelkit.replace_file", 0),
+    ("kernelkit.replace_file", 0), ("kernelkit.settings", 0),
     ("kernelkit.jit.sources", 0), ("kernelkit.jit.progress", 0), ("kernelkit.jit.reaper", 0),
     ("kernelkit.jit.syntax", 0), ("kernelkit.harness.spec", 0),
     ("kernelkit.harness.timing", 0), ("kernelkit.harness.stats", 0), ("kernelkit.harness.guard", 0),
@@ -108,6 +108,87 @@ def test_the_scan_sees_function_local_imports():
     assert "kernelkit.jit.obtain" in edges["kernelkit.instant.launcher"]
 
 
+SETTINGS_EXEMPT = ()  # modules allowed to read KERNELKIT_* themselves: none
+
+def _string_names(tree) -> dict:
+    """Name -> the strings it may hold: module constants (``ENV = "KERNELKIT_X"``) and loop variables over a
+    literal tuple or list of strings (``for var in ("KERNELKIT_X", ...)``)."""
+    names = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            names.update({t.id: [node.value.value] for t in node.targets if isinstance(t, ast.Name)})
+        elif isinstance(node, ast.For) and isinstance(node.target, ast.Name) \
+                and isinstance(node.iter, (ast.Tuple, ast.List)):
+            names[node.target.id] = [e.value for e in node.iter.elts if isinstance(e, ast.Constant)]
+    return names
+
+
+def _is_environ(node) -> bool:
+    return getattr(node, "attr", None) == "environ" or getattr(node, "id", None) == "environ"
+
+
+def _env_key(node):
+    """The expression naming the variable where ``node`` reads or writes the environment by name:
+    ``os.environ.get(k)`` (``pop``, ``setdefault``), ``os.getenv(k)``, ``os.environ[k]``, ``k in os.environ``."""
+    if isinstance(node, ast.Call) and node.args:
+        func = node.func
+        name = getattr(func, "attr", None) or getattr(func, "id", None)
+        if name == "getenv" or name in ("get", "pop", "setdefault") and _is_environ(getattr(func, "value", None)):
+            return node.args[0]
+    if isinstance(node, ast.Subscript) and _is_environ(node.value):
+        return node.slice
+    if isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn)) \
+            and _is_environ(node.comparators[0]):
+        return node.left
+    return None
+
+
+def _kernelkit_env_reads(tree) -> list:
+    names = _string_names(tree)
+    found = []
+    for node in ast.walk(tree):
+        key = _env_key(node)
+        held = [key.value] if isinstance(key, ast.Constant) else names.get(getattr(key, "id", None), [])
+        if any(isinstance(v, str) and v.startswith("KERNELKIT_") for v in held):
+            found.append(node.lineno)
+    return found
+
+
+def _settings_scope():
+    for p in sorted(ROOT.rglob("*.py")):
+        rel = p.relative_to(ROOT).as_posix()
+        if rel != "settings.py" and not rel.startswith(SETTINGS_EXEMPT):
+            yield rel, ast.parse(p.read_text())
+
+
+def test_only_settings_reads_kernelkit_variables():
+    """Every KERNELKIT_* variable is read through kernelkit.settings: one parse rule, one table, one doc."""
+    reads = [f"{rel}:{line}" for rel, tree in _settings_scope() for line in _kernelkit_env_reads(tree)]
+    assert reads == []
+
+
+def test_a_settings_name_is_spelled_in_settings_only():
+    """Code that writes a variable for children (or passes its name on) names it through its setting."""
+    from kernelkit import settings
+
+    spelled = [f"{rel}:{node.lineno} {node.value}" for rel, tree in _settings_scope() for node in ast.walk(tree)
+               if isinstance(node, ast.Constant) and node.value in settings.SETTINGS]
+    assert spelled == []
+
+
+@pytest.mark.parametrize("code", [
+    'os.environ.get("KERNELKIT_X")', 'os.environ["KERNELKIT_X"]', 'os.getenv("KERNELKIT_X", "1")',
+    '"KERNELKIT_X" in os.environ', 'ENV = "KERNELKIT_X"\nos.environ.get(ENV)', 'os.environ.pop("KERNELKIT_X")',
+    'for v in ("KERNELKIT_X", "CUDA_HOME"):\n    os.environ.get(v)', 'os.environ.setdefault("KERNELKIT_X", "0")'])
+def test_the_settings_rule_sees_every_way_of_reading(code):
+    """The rule above would pass vacuously if the scan missed a form of reading the environment."""
+    assert _kernelkit_env_reads(ast.parse(code))
+
+
+def test_the_settings_rule_passes_other_variables():
+    assert not _kernelkit_env_reads(ast.parse('os.environ.get("CUDA_HOME")\nKEY = "KERNELKIT_X"\nd.get(KEY)'))
+
+
 def test_functions_are_short():
     long = []
     for p in ROOT.rglob("*.py"):
@@ -131,3 +212,23 @@ def test_old_names_work_for_a_release_with_a_warning(old, new):
         value = getattr(kernelkit, old)
     assert value is not None
     assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught)
+
+
+def test_a_test_run_leaves_nothing_in_the_temporary_directory(tmp_path):
+    """The tests' conftest puts everything a run writes to TMPDIR (kernelkit caches, tmp_path, compilers' files)
+    into one directory of its own and removes it when the run passes: a run of a test that builds a cache entry
+    and uses tmp_path leaves TMPDIR as it found it."""
+    import os
+    import subprocess
+    import sys
+
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("KK_TEST_RUN_TMPDIR", "KERNELKIT_CACHE_DIR")}
+    env["TMPDIR"] = str(tmpdir)
+    tests = Path(__file__).resolve().parent
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           f"{tests / 'test_loader_units.py'}::test_cli_cache_commands"],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tests.parent)
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout + proc.stderr
+    assert list(tmpdir.iterdir()) == []

@@ -169,6 +169,75 @@ def test_gc_removes_old_entries_and_stale_tmp(tmp_path, monkeypatch):
     assert not killed.exists() and live.exists() and (fresh / "manifest.json").exists()
 
 
+def _aged(path, hours_ago, size=0):
+    """A file of ``size`` bytes (its folders made) last used ``hours_ago``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x" * size)
+    stamp = time.time() - hours_ago * 3600
+    os.utime(path, (stamp, stamp))
+    return path
+
+
+def _fake_entries():
+    """A library, an object, a precompiled header, a source dir and a record, each 1 MB, oldest first (in hours),
+    and two of them fresh: (path, kind) in the order the cap must take them."""
+    mb = 1 << 20
+    lib = cache.subdir("lib") / "old-0123456789abcdef"
+    _aged(lib / "x.so", 50, mb)
+    _aged(lib / "manifest.json", 50)
+    pch = cache.subdir("pch") / "k1"
+    _aged(pch / "kernelkit" / "binding.h.gch", 40, mb)
+    _aged(pch / "pch.json", 40)
+    obj = _aged(cache.object_path("a" * 64), 30, mb)
+    _aged(obj.with_suffix(".json"), 30)
+    src = cache.subdir("src") / "s1"
+    _aged(src / "main.cpp", 20, mb)
+    os.utime(src, (time.time() - 20 * 3600,) * 2)
+    record = _aged(cache.cache_dir() / "records" / "split" / "r1.json", 10, mb)
+    fresh_obj = _aged(cache.object_path("b" * 64), 0, mb)  # used just now: maybe in a build's hands
+    _aged(fresh_obj.with_suffix(".json"), 0)
+    fresh_lib = cache.subdir("lib") / "new-fedcba9876543210"
+    _aged(fresh_lib / "y.so", 0, mb)
+    _aged(fresh_lib / "manifest.json", 0)
+    return [(lib, "libraries"), (pch, "precompiled headers"), (obj, "objects"), (src, "sources"),
+            (record, "records")], [fresh_obj, fresh_lib]
+
+
+def test_the_size_cap_removes_the_least_recently_used_entries_of_every_kind_first(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "c"))
+    old, fresh = _fake_entries()
+    info = cache.info()
+    assert set(info["kinds"]) == {"libraries", "objects", "precompiled headers", "sources", "records", "other"}
+    assert info["kinds"]["libraries"] >= 2 << 20 and info["kinds"]["precompiled headers"] >= 1 << 20
+    assert info["max_bytes"] == 4 << 30 and info["pch"] == 1
+    total = info["bytes"]
+    assert sum(cache.enforce_size_cap(total).values()) == 0  # under the cap: nothing goes
+    assert cache.enforce_size_cap(None) == dict.fromkeys(cache.KIND_DIRS, 0)  # no cap
+    removed = cache.enforce_size_cap(total - (5 << 19))  # 2.5 MB over: the three oldest entries go
+    assert [p.exists() for p, _ in old] == [False, False, False, True, True], removed
+    assert removed == {"libraries": 1, "precompiled headers": 1, "objects": 1, "sources": 0, "records": 0}
+    removed = cache.enforce_size_cap(0)  # everything past its grace goes; what was just used stays, over the cap
+    assert not any(p.exists() for p, _ in old) and all(p.exists() for p in fresh), removed
+    assert cache.info()["bytes"] > 0
+
+
+def test_gc_and_builds_hold_the_cache_to_its_size_setting(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "c"))
+    old, _ = _fake_entries()
+    monkeypatch.setenv("KERNELKIT_CACHE_MAX_SIZE", "4.5M")  # 7 MB of entries: the three oldest go
+    assert cli.main(["cache", "gc"]) == 0
+    assert "'libraries': 1, 'objects': 1, 'pch': 1" in capsys.readouterr().out
+    assert [p.exists() for p, _ in old] == [False, False, False, True, True]
+    monkeypatch.setenv("KERNELKIT_CACHE_MAX_SIZE", "1K")
+    (cache.cache_dir() / "last-gc").touch()  # the daily gc is done: the cap is checked every few minutes on its own
+    cache.maybe_gc()
+    assert not any(p.exists() for p, _ in old)
+    monkeypatch.setenv("KERNELKIT_CACHE_MAX_SIZE", "off")
+    assert cli.main(["cache", "info"]) == 0
+    text = capsys.readouterr().out
+    assert "(no size cap)" in text and "libraries" in text and "precompiled headers" in text
+
+
 def test_gc_sweeps_partial_writes_while_directories_come_and_go(tmp_path, monkeypatch):
     """Build dirs appear and vanish under a live cache while gc looks for old partial writes: never an error
     (the fault storm found pathlib's rglob raising FileNotFoundError here)."""

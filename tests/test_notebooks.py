@@ -14,11 +14,16 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "examples").glob("*/*.ipynb"))
 GPU_ONLY = {"diffusion_graphs", "autotune"}
 #: notebooks that read compiled code with NVIDIA's cuobjdump (the `inspect` extra, part of `dev`)
-NEEDS_CUOBJDUMP = {"05_inside_a_kernel"}
+NEEDS_CUOBJDUMP = {"04_inside_a_kernel"}
 
 
 def test_notebooks_are_found():
     assert {nb.stem for nb in NOTEBOOKS} >= {"01_workflow", "diffusion_graphs"}
+
+
+def test_notebooks_are_numbered_without_gaps():
+    numbers = sorted(int(nb.name.split("_", 1)[0]) for nb in (ROOT / "notebooks").glob("*.ipynb"))
+    assert numbers == list(range(1, len(numbers) + 1))
 
 
 def _params():

@@ -21,7 +21,7 @@ import torch
 from torch.utils import cpp_extension as torch_ext
 
 import kernelkit
-from kernelkit import cpp_extension, patch
+from kernelkit import cpp_extension, patch, settings
 from kernelkit.jit import cache, plan, recall, sources
 
 PACKAGES = Path(__file__).parent / "fixtures" / "packages"
@@ -119,7 +119,7 @@ def test_patch_runner_refuses_bad_command_lines(args, message, capsys):
 
 @pytest.mark.parametrize("value, wanted", [("1", True), ("yes", True), ("0", False), ("", False), ("off", False)])
 def test_environment_variable_values(value, wanted, monkeypatch):
-    monkeypatch.setenv(patch.ENV, value)
+    monkeypatch.setenv(settings.PATCH_TORCH.name, value)
     assert patch.wanted() is wanted
 
 

@@ -85,12 +85,64 @@ def test_with_no_toolkit_at_all_cpu_code_builds_and_cuda_code_names_the_fix(tmp_
     assert "ERROR nvcc not found" in proc.stdout and "kernelkit[cuda]" in proc.stdout, proc.stdout
 
 
-def test_recorded_toolchain_facts_follow_a_toolkit_installed_or_removed_later(tmp_path, monkeypatch):
-    """The facts file is keyed by the environment, which installing NVIDIA's wheels does not change: a record
-    made with no toolkit is redone once one is installed, and one naming a removed toolkit too."""
+def test_a_cuda_runtime_without_nvcc_falls_back_to_the_pip_toolkit_and_doctor_agrees(pip_home, tmp_path):
+    """A CUDA runtime image: torch finds /usr/local/cuda (libraries, no bin/nvcc). The build compiles with the
+    toolkit from PyPI, and doctor names the same nvcc and says which directory had none; without the wheels the
+    error names that directory."""
+    runtime = tmp_path / "cuda"
+    (runtime / "lib64").mkdir(parents=True)
+    code = HIDDEN_TOOLKIT.replace("ce.CUDA_HOME = None", f"ce.CUDA_HOME = {str(runtime)!r}") + textwrap.dedent("""
+        from kernelkit.frontends import doctor
+        if sys.argv[1] == "no-wheels":
+            toolchain.pip_cuda_home = lambda: None
+        try:
+            print("NVCC", toolchain.nvcc())
+        except kernelkit.KernelkitError as e:
+            print("ERROR", e)
+        print("DOCTOR", *[f"{f.status} {f.detail}" for f in doctor.check_nvcc()])
+    """)
+
+    def run(case):
+        env = {**_driver_only_env(tmp_path), "KERNELKIT_CACHE_DIR": str(tmp_path / case)}
+        proc = subprocess.run([sys.executable, "-c", "import sys\n" + code, case], capture_output=True, text=True,
+                              timeout=600, env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+
+    nvcc = os.path.join(pip_home, "bin", "nvcc")
+    out = run("wheels")
+    assert out["NVCC"] == nvcc, out
+    assert out["DOCTOR"].startswith(f"ok {nvcc}: CUDA ") and out["DOCTOR"].endswith(
+        f"(the CUDA toolkit from PyPI: {runtime} has no bin/nvcc)"), out
+    out = run("no-wheels")
+    assert out["ERROR"].startswith(f"nvcc not found: {runtime} is a CUDA directory without bin/nvcc"), out
+    assert out["DOCTOR"].startswith(f"fail {out['ERROR']}"), out  # doctor says what the build says
+
+
+def _toolkit(path):
+    nvcc = path / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text("#!/bin/sh\n")
+    nvcc.chmod(0o755)
+    return str(path)
+
+
+def test_recorded_toolchain_facts_follow_toolkits_installed_or_removed_later(tmp_path, monkeypatch):
+    """The facts file is keyed by the environment, which installing NVIDIA's wheels (or a system toolkit) does not
+    change: a record made with no compiler is redone once one is installed, one naming a removed toolkit too, and
+    one that chose the wheels over a CUDA directory without nvcc once that directory gains one."""
+    pip, runtime = _toolkit(tmp_path / "pip"), str(tmp_path / "runtime")
+    os.makedirs(runtime)
     monkeypatch.setattr(toolchain, "pip_cuda_home", lambda: None)
-    assert toolchain._same_toolkit(None)
-    monkeypatch.setattr(toolchain, "pip_cuda_home", lambda: str(tmp_path))
-    assert not toolchain._same_toolkit(None)  # installed since: recompute
-    assert toolchain._same_toolkit(str(tmp_path))
-    assert not toolchain._same_toolkit(str(tmp_path / "removed"))
+    assert toolchain.choose_cuda_home(runtime) == (runtime, runtime)
+    assert toolchain._same_toolkit({"cuda_home": None, "cuda_home_without_nvcc": None})
+    assert toolchain._same_toolkit({"cuda_home": runtime, "cuda_home_without_nvcc": runtime})
+    monkeypatch.setattr(toolchain, "pip_cuda_home", lambda: pip)
+    assert toolchain.choose_cuda_home(runtime) == (pip, runtime)
+    assert not toolchain._same_toolkit({"cuda_home": None, "cuda_home_without_nvcc": None})  # installed since
+    assert not toolchain._same_toolkit({"cuda_home": runtime, "cuda_home_without_nvcc": runtime})
+    assert toolchain._same_toolkit({"cuda_home": pip, "cuda_home_without_nvcc": runtime})
+    assert not toolchain._same_toolkit({"cuda_home": str(tmp_path / "removed"), "cuda_home_without_nvcc": None})
+    _toolkit(tmp_path / "runtime")  # a full toolkit installed where the runtime was: preferred again
+    assert not toolchain._same_toolkit({"cuda_home": pip, "cuda_home_without_nvcc": runtime})
+    assert toolchain.choose_cuda_home(runtime) == (runtime, None)

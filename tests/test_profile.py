@@ -330,7 +330,7 @@ def test_the_cli_prints_the_table_json_and_plot(tmp_path, monkeypatch, capsys):
     assert seen == {"card": "vector_add", "kernels_dir": None, "size": (1 << 28,)} and (tmp_path / "r.png").is_file()
     assert main(["profile", "vector_add", "--json", "--dtype", "fp16"]) == 0
     assert json.loads(capsys.readouterr().out)["kernels"][0]["limiter"] == "memory"
-    assert seen["dtype"] == torch.float16
+    assert seen["dtype"] == "float16"  # a name: the CLI checks it before importing torch
 
 
 def test_profile_help_works_without_torch():

@@ -185,3 +185,22 @@ def test_run_sweeps_a_spread_of_sizes_keeping_both_ends():
     assert picked[0] == sizes[0] and picked[-1] == sizes[-1] and len(picked) == 5
     assert picked == sorted(picked) and len(set(picked)) == 5
     assert runner.sweep(sizes[:4], 5) == sizes[:4]
+
+
+def test_the_cpu_summary_names_the_baseline_and_flags_each_unreliable_ratio():
+    """The summary's speedup is against torch's own op where the card names one, at 1 thread and at torch's
+    default; a ratio timed on a busy machine says so instead of giving an interval."""
+    from kernelkit import Spec, bench
+    from kernelkit.cardkit import elementwise_inputs
+
+    spec = Spec(name="negcard", reference=lambda x: 0 - x, make_inputs=elementwise_inputs(1), op=torch.neg,
+                bench_sizes=((256,),), torch_op=torch.neg)
+    res = bench(spec, compile=False, budget_ms=2, warmup_ms=1, host_overhead=False, threads=[1, 2])
+    for row in res.rows:
+        row["unreliable"] = "machine busy: others used 1.9 of 2 CPUs" if row.get("threads") == 2 else None
+    row = runner.summary_row(runner.CardRun("negcard", bench=res))
+    cells = dict(zip(runner.HEADERS, row))
+    assert cells["torch op"].startswith("torch.neg ") and cells["reference (eager)"] != "-"
+    speedup = cells["speedup (95% CI)"]
+    assert speedup.startswith("vs torch.neg: 1 thread ") and "x (" in speedup.split(";")[0], speedup
+    assert "; 2 threads unreliable (machine busy: others used 1.9 of 2 CPUs)" in speedup, speedup

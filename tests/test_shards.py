@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import kernelkit
+from kernelkit import settings
 from kernelkit.errors import KernelkitError
 from kernelkit.frontends import scaffold
 from kernelkit.jit import build, cards, keys, plan, prebuilt, shards, toolchain
@@ -108,20 +109,20 @@ def test_a_local_header_is_held_to_the_same_rules(tmp_path):
 def test_the_setting_and_the_cores_decide(monkeypatch):
     text = HEAD + OP + CALL
     monkeypatch.setattr("os.cpu_count", lambda: 16)
-    monkeypatch.delenv(shards.ENV, raising=False)
+    monkeypatch.delenv(settings.DTYPE_SHARDS.name, raising=False)
     assert shards.count("cu", False, text, [], [], "d") == 4
     assert shards.count("cpp", False, text, [], [], "d") == 1
     assert shards.count("cu", True, text, [], [], "d") == 1  # a torch-including .cu: torch_cu's paths
     assert shards.count("cu", False, text, [], ["-DKERNELKIT_DTYPE_SHARD=1"], "d") == 1
-    monkeypatch.setenv(shards.ENV, "0")
+    monkeypatch.setenv(settings.DTYPE_SHARDS.name, "0")
     assert shards.count("cu", False, text, [], [], "d") == 1
-    monkeypatch.setenv(shards.ENV, "auto")
+    monkeypatch.setenv(settings.DTYPE_SHARDS.name, "auto")
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     assert shards.count("cu", False, text, [], [], "d") == 1
-    monkeypatch.setenv(shards.ENV, "4")
+    monkeypatch.setenv(settings.DTYPE_SHARDS.name, "4")
     assert shards.count("cu", False, text, [], [], "d") == 4
-    monkeypatch.setenv(shards.ENV, "8")
-    with pytest.raises(KernelkitError, match="KERNELKIT_DTYPE_SHARDS='8': expected auto, 0"):
+    monkeypatch.setenv(settings.DTYPE_SHARDS.name, "8")
+    with pytest.raises(KernelkitError, match="KERNELKIT_DTYPE_SHARDS='8': expected one of auto, off"):
         shards.count("cu", False, text, [], [], "d")
 
 
@@ -135,7 +136,7 @@ def test_each_shard_is_the_unit_planned_with_its_define(tmp_path, monkeypatch):
     """Shards are derived from the whole file's plan (a warm load scans its includes once): each has the key and
     inputs a plan of the file with the shard's -D gives."""
     scaffold.new_card("sh_plan", tmp_path, "unary")
-    monkeypatch.setenv(shards.ENV, "4")
+    monkeypatch.setenv(settings.DTYPE_SHARDS.name, "4")
     target = _plan("sh_plan", tmp_path)
     cu = tmp_path / "sh_plan.cu"
     for unit in (u for u in target.units if u.shard):
@@ -149,12 +150,12 @@ def test_each_shard_is_the_unit_planned_with_its_define(tmp_path, monkeypatch):
 def test_a_sharded_card_computes_the_same_bits_and_an_edit_rebuilds_device_code_only(tmp_path, monkeypatch):
     """The custom scaffold's .cu holds its CPU implementation too, so the CPU op runs sharded host code."""
     scaffold.new_card("sh_custom", tmp_path, "custom")
-    monkeypatch.setenv(shards.ENV, "0")
+    monkeypatch.setenv(settings.DTYPE_SHARDS.name, "0")
     whole = _plan("sh_custom", tmp_path)
     kernelkit.load("sh_custom", kernels_dir=tmp_path)
     x = torch.randn(4097, dtype=torch.float64)
     expected = {dt: kernelkit.ops.sh_custom(x.to(dt)) for dt in DTYPES}
-    monkeypatch.setenv(shards.ENV, "4")
+    monkeypatch.setenv(settings.DTYPE_SHARDS.name, "4")
     sharded = _plan("sh_custom", tmp_path)
     assert [u.shard for u in sharded.units if u.kind == "cu"] == [(i, 4) for i in range(4)]
     assert prebuilt.source_key(sharded) == prebuilt.source_key(whole)  # a wheel built either way serves both
@@ -209,7 +210,7 @@ def test_on_the_gpu_shards_give_the_same_bits_from_the_same_sass(name, tmp_path,
     spec = cards.find(card, d).spec
     out, sass = {}, {}
     for setting in ("0", "4"):
-        monkeypatch.setenv(shards.ENV, setting)
+        monkeypatch.setenv(settings.DTYPE_SHARDS.name, setting)
         lib = kernelkit.load(card, kernels_dir=d)
         assert sum(u.shard is not None for u in _plan(card, d).units) == (4 if setting == "4" else 0)
         sass[setting] = _sass(Path(lib.path))

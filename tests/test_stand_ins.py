@@ -154,7 +154,7 @@ def _edit_kernel(d: Path, name: str, old: int, new: int) -> None:
 
 def _spy_links(monkeypatch, keep: Path) -> list:
     """Every link command, with copies of its objects (the build's pinned copies are removed after it)."""
-    links, run = [], build._run
+    links, run = [], build.run_tool
 
     def spy(cmd, what, target, counter):
         output = run(cmd, what, target, counter)
@@ -164,7 +164,7 @@ def _spy_links(monkeypatch, keep: Path) -> list:
             links.append([cmd[0], *objects, "-o", cmd[at + 1], *cmd[at + 2:]])
         return output
 
-    monkeypatch.setattr(build, "_run", spy)
+    monkeypatch.setattr(build, "run_tool", spy)
     return links
 
 

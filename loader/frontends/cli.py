@@ -60,10 +60,7 @@ def _days(text: str) -> float:
 def cmd_cache(args) -> int:
     if args.action == "info":
         i = cache.info()
-        if args.json:
-            print(json.dumps(i))
-        else:
-            print(f"path:      {i['path']}\nlibraries: {i['libraries']}\nobjects:   {i['objects']}\nsize:      {_size(i['bytes'])}")
+        print(json.dumps(i) if args.json else _info_text(i))
     elif args.action == "list":
         rows = cache.entries()
         if args.json:
@@ -89,7 +86,7 @@ def cmd_cache(args) -> int:
     elif args.action == "clear":
         print(f"removed {cache.clear()} entries from {cache.cache_dir()}")
     elif args.action == "gc":
-        print(f"removed {cache.gc(args.max_age_days)}")
+        print(f"removed {cache.gc(args.max_age_days, max_bytes=cache.max_bytes())}")
     elif args.action == "verify":
         found = cache.verify(fix=args.fix)
         bad = [f for f in found if f["status"] != "ok"]
@@ -107,6 +104,22 @@ def cmd_cache(args) -> int:
                       "announced; it cannot tell what that rank compiled (docs/distributed.md, 'What a rank trusts')")
         return 1 if any(not f["removed"] for f in bad) else 0
     return 0
+
+
+def _info_text(i: dict) -> str:
+    """The cache's path, size against its cap, and what takes the room, largest first."""
+    cap = f" of {_size(i['max_bytes'])} (KERNELKIT_CACHE_MAX_SIZE: least recently used entries go past it)" \
+        if i["max_bytes"] else " (no size cap)"
+    lines = [f"path:      {i['path']}", f"size:      {_size(i['bytes'])}{cap}"]
+    counts = {"libraries": i["libraries"], "objects": i["objects"], "precompiled headers": i["pch"]}
+    for kind, n in i["kinds"].items():
+        share = f"{100 * n / i['bytes']:3.0f}%" if i["bytes"] else "  -"
+        count = f"  ({counts[kind]})" if kind in counts else ""
+        lines.append(f"  {kind:<20} {_size(n):>9} {share}{count}")
+    if i["bytes"] and i["kinds"].get("precompiled headers", 0) > i["bytes"] / 2:
+        lines.append("precompiled headers take most of it: one per set of compile flags, ~0.5-0.9 GB each "
+                     "(KERNELKIT_PCH=off builds none; host compiles are then slower)")
+    return "\n".join(lines)
 
 
 def _note(message: str) -> None:

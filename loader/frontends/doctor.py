@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, List, Optional
 
+from .. import settings
 from ..errors import KernelkitError
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -34,6 +35,17 @@ class Finding:
 
 
 # ------------------------------------------------------------------------------------------- checks
+def check_settings() -> List[Finding]:
+    """Every KERNELKIT_* setting parses: a bad value fails whatever reads it, which may be half-way through a build."""
+    found = []
+    for setting in settings.SETTINGS.values():
+        try:
+            setting.get()
+        except KernelkitError as e:
+            found.append(Finding(setting.name, FAIL, str(e), f"unset {setting.name} or give it a value it takes"))
+    return found or [Finding("settings", OK, "every KERNELKIT_* setting that is set parses")]
+
+
 def check_python_headers() -> List[Finding]:
     from ..jit import toolchain
 
@@ -75,7 +87,11 @@ def check_nvcc() -> List[Finding]:
         return [Finding("nvcc", FAIL, f"{nvcc} is CUDA {found}, this torch is built for CUDA {torch.version.cuda}: "
                         "code from one CUDA major version cannot load into the other",
                         "install the matching toolkit (or torch), or point CUDA_HOME / KERNELKIT_NVCC at it")]
-    return [Finding("nvcc", OK, f"{nvcc}: CUDA {found or '?'}, torch's CUDA {torch.version.cuda}")]
+    facts = toolchain.facts()
+    bare, home = facts.get("cuda_home_without_nvcc"), facts.get("cuda_home")
+    from_pip = bare and home != bare and nvcc.startswith(str(home))
+    passed = f" (the CUDA toolkit from PyPI: {bare} has no bin/nvcc)" if from_pip else ""
+    return [Finding("nvcc", OK, f"{nvcc}: CUDA {found or '?'}, torch's CUDA {torch.version.cuda}{passed}")]
 
 
 def check_gpu() -> List[Finding]:
@@ -103,20 +119,21 @@ def _arch_setting_covers(capability) -> List[Finding]:
     """KERNELKIT_ARCH / TORCH_CUDA_ARCH_LIST, when set, must build code the GPU runs."""
     from ..jit import prebuilt, toolchain
 
-    for var in ("KERNELKIT_ARCH", "TORCH_CUDA_ARCH_LIST"):
-        if os.environ.get(var):
+    for var, value in ((settings.ARCH.name, settings.ARCH.get()),
+                       ("TORCH_CUDA_ARCH_LIST", os.environ.get("TORCH_CUDA_ARCH_LIST"))):
+        if value:
             try:
-                archs = toolchain.parse_arch_list(os.environ[var])
+                archs = toolchain.parse_arch_list(value)
             except ValueError as e:
-                return [Finding(var, FAIL, f"{var}={os.environ[var]}: {e}",
+                return [Finding(var, FAIL, f"{var}={value}: {e}",
                                 f"unset {var} or give archs like 9.0 or '8.0;9.0+PTX'")]
             have = [f"sm_{a.replace('+PTX', '').replace('.', '')}" for a in archs]
             have += [f"compute_{a[:-4].replace('.', '')}" for a in archs if a.endswith("+PTX")]
             want = f"sm_{capability[0]}{capability[1]}"
             if not prebuilt.covers(have, [want]):
-                return [Finding(var, FAIL, f"{var}={os.environ[var]} builds no code this GPU ({want}) runs",
+                return [Finding(var, FAIL, f"{var}={value} builds no code this GPU ({want}) runs",
                                 f"add {capability[0]}.{capability[1]} to {var}, or unset it")]
-            return [Finding(var, OK, f"{os.environ[var]} covers {want}")]
+            return [Finding(var, OK, f"{value} covers {want}")]
     return []
 
 
@@ -186,8 +203,8 @@ def check_binary_tools() -> List[Finding]:
     return found
 
 
-CHECKS: List[Callable[[], List[Finding]]] = [check_python_headers, check_host_compiler, check_nvcc, check_gpu,
-                                             check_ninja, check_cache, check_binary_tools]
+CHECKS: List[Callable[[], List[Finding]]] = [check_settings, check_python_headers, check_host_compiler, check_nvcc,
+                                             check_gpu, check_ninja, check_cache, check_binary_tools]
 
 
 def run_checks(checks: List[Callable[[], List[Finding]]] = CHECKS) -> List[Finding]:

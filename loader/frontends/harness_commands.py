@@ -61,13 +61,18 @@ def arch_spec(text: str) -> str:
     return text
 
 
-def _dtype(text: str):
-    import torch
-
+def _dtype(text: str) -> str:
+    """A --dtype's torch name, checked without torch (a mistake is answered before torch's import)."""
     try:
-        return getattr(torch, _DTYPES[text.lower()])
+        return _DTYPES[text.lower()]
     except KeyError:
         raise argparse.ArgumentTypeError(f"unknown dtype {text!r}: one of {', '.join(_DTYPES)}") from None
+
+
+def _torch_dtypes(names: Optional[List[str]]):
+    import torch
+
+    return [getattr(torch, n) for n in names] if names else None
 
 
 def _trials(text: str) -> int:
@@ -105,7 +110,9 @@ def check_device(device: Optional[str]) -> None:
 def find_cards(names: Sequence[str], kernels_dir=None) -> List[Card]:
     """The cards called ``names`` (all cards on the search path when empty); an unknown name is a
     UsageError that says which directories were searched."""
-    found = all_cards(kernels_dir)
+    # a name that no .cu/.cpp on the path carries is answered without importing the specs (and torch)
+    stems = {f.stem for d in search_path(kernels_dir) if d.is_dir() for f in d.iterdir() if f.suffix in (".cu", ".cpp")}
+    found = all_cards(kernels_dir) if set(names) <= stems else {s: None for s in stems if s.isidentifier()}
     missing = [n for n in names if n not in found]
     if missing:
         searched = ", ".join(str(d) for d in search_path(kernels_dir))
@@ -123,11 +130,12 @@ def card_spec(card: Card):
 def _targets(args) -> List[tuple]:
     """(name, spec, op, device) for each requested card, loading it; a card that cannot run says why on
     stderr and comes back as (name, None, None, None) when that is a failure, or not at all when a skip."""
+    cards = find_cards(args.ops, args.kernels_dir)  # a mistyped name is answered before torch's import
     from ..harness.target import default_device, resolve
 
     check_device(args.device)
     out = []
-    for card in find_cards(args.ops, args.kernels_dir):
+    for card in cards:
         try:
             spec = card_spec(card)
         except SpecError as e:
@@ -149,14 +157,15 @@ def _targets(args) -> List[tuple]:
 
 
 def cmd_check(args) -> int:
+    targets = _targets(args)
     from ..harness.check import check
 
     status = 0
-    for _name, spec, op, device in _targets(args):
+    for _name, spec, op, device in targets:
         if spec is None:
             status = 1
             continue
-        res = check(op, spec=spec, device=device, dtypes=args.dtype, trials=args.trials, seed=args.seed,
+        res = check(op, spec=spec, device=device, dtypes=_torch_dtypes(args.dtype), trials=args.trials, seed=args.seed,
                     large=args.large, contract=not args.no_contract)
         print(repr(res) + "\n")
         status |= 0 if res.ok else 1
@@ -164,15 +173,16 @@ def cmd_check(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    sizes = _sizes(args.sizes)  # a bad --sizes fails before any card is built, and before torch's import
+    targets = _targets(args)
     from ..harness.bench import bench, write_csv
 
     results, status = [], 0
-    sizes = _sizes(args.sizes)  # a bad --sizes fails before any card is built
-    for _name, spec, op, device in _targets(args):
+    for _name, spec, op, device in targets:
         if spec is None:
             status = 1
             continue
-        res = bench(op, spec=spec, device=device, sizes=sizes, dtype=args.dtype and args.dtype[0],
+        res = bench(op, spec=spec, device=device, sizes=sizes, dtype=args.dtype and _torch_dtypes(args.dtype)[0],
                     compile=args.compile, graph=args.graph, budget_ms=args.budget_ms, copy_floor=args.copy_floor,
                     max_numel=math.inf if args.all_sizes else None)
         print(repr(res) + "\n")
@@ -191,10 +201,11 @@ def cmd_bench(args) -> int:
 
 
 def cmd_run(args) -> int:
+    sizes = _sizes(args.sizes)
+    find_cards(args.ops, args.kernels_dir)  # a mistyped name fails now, not after building the others (or torch)
     from ..harness.runner import Options, run
 
-    find_cards(args.ops, args.kernels_dir)  # a mistyped name fails now, not after building the others
-    opts = Options(check=not args.no_check, bench=not args.no_bench, trials=args.trials, sizes=_sizes(args.sizes),
+    opts = Options(check=not args.no_check, bench=not args.no_bench, trials=args.trials, sizes=sizes,
                    compile=args.compile, graph=args.graph, budget_ms=args.budget_ms, arch=args.arch,
                    kernels_dir=args.kernels_dir, quick=args.quick, copy_floor=args.copy_floor, full=args.full)
     code, _ = run(args.ops, args.out, opts)

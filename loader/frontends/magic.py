@@ -35,7 +35,6 @@ import contextlib
 import dataclasses
 import functools
 import keyword
-import os
 import re
 import shlex
 import sys
@@ -45,7 +44,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 from .. import device_output as _capture
 from .. import inspect as kk_inspect
-from .. import loading
+from .. import loading, settings
 from ..errors import BuildError, KernelkitError
 from ..harness import tune
 from ..instant.kernels import KernelModule, load_kernels, loaded_modules
@@ -288,17 +287,18 @@ def _builds() -> Dict[str, object]:
 
 
 def _register_cell_hooks(ipython) -> None:
-    """Per cell: capture C-level and device output into the cell (KERNELKIT_CAPTURE=0 turns it off), and after
-    a cell that built something, a compact compile report of each new build (KERNELKIT_REPORT=0: off)."""
+    """Per cell: capture C-level and device output into the cell (KERNELKIT_CAPTURE=off turns it off), and
+    after a cell that built something, a compact compile report of each new build (KERNELKIT_REPORT=off: none)."""
     if id(ipython) in _CELL_HOOKS:
         return
     state: Dict[str, object] = {}
 
     def pre_run_cell(*_):
         state["builds"] = {n: getattr(b, "key", None) for n, b in _builds().items()}
-        if os.environ.get("KERNELKIT_CAPTURE", "1") != "0":
+        capture = settings.CAPTURE.get()
+        if capture != "off":
             try:
-                state["capture"] = _capture.Capture(per_launch=os.environ.get("KERNELKIT_CAPTURE") == "launch").open()
+                state["capture"] = _capture.Capture(per_launch=capture == "launch").open()
             except (ImportError, OSError) as e:  # no wurlitzer, or no fds to redirect: run the cell uncaptured
                 print(f"kernelkit: not capturing device output in this cell: {e}", file=sys.stderr)
 
@@ -310,7 +310,7 @@ def _register_cell_hooks(ipython) -> None:
             except KernelkitError as e:  # raising here would only print a hook traceback
                 print(f"kernelkit: {e}", file=sys.stderr)
         before = state.pop("builds", {})
-        if os.environ.get("KERNELKIT_REPORT", "1") == "0":
+        if not settings.REPORT.get():
             return
         for name, build in _builds().items():
             key = getattr(build, "key", None)

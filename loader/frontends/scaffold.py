@@ -28,6 +28,7 @@ _UNARY_MATH = """\
 // $name: the math (EDIT), compiled for CUDA by $name.cu and for the CPU by ${name}_cpu.cpp. An edit rebuilds
 // the kernels' device code and the CPU loop only: never the host side of $name.cu, nor $name.h's binding.
 #pragma once
+#include <cmath>  // std::exp, std::tanh, ...: on the device too
 #include <kernelkit/dtype.cuh>
 
 namespace kk {
@@ -97,6 +98,7 @@ _BINARY_MATH = """\
 // $name: the math (EDIT), compiled for CUDA by $name.cu and for the CPU by ${name}_cpu.cpp. An edit rebuilds
 // the kernels' device code and the CPU loop only: never the host side of $name.cu, nor $name.h's binding.
 #pragma once
+#include <cmath>  // std::exp, std::tanh, ...: on the device too
 #include <kernelkit/dtype.cuh>
 
 namespace kk {
@@ -145,6 +147,7 @@ KERNELKIT_LIBRARY(m) {
 _CUSTOM_CU = """\
 // $name: your own kernel and its launcher, and the CPU implementation (torch-free: an edit recompiles this
 // file alone, in about a second).
+#include <cmath>  // std::exp, std::tanh, ...: on the device too
 #include <kernelkit/launch.cuh>
 #include "$name.h"
 
@@ -246,6 +249,11 @@ import torch
 
 import kernelkit
 
+if getattr(kernelkit, "__file__", None) is None:  # a folder named kernelkit on sys.path, not the package
+    raise ImportError(f"'kernelkit' here is the folder {list(kernelkit.__path__)[0]} (a clone of kernelkit?), not the "
+                      "installed package: run pytest from another directory (python -m pytest puts the current "
+                      "one first on sys.path)")
+
 HERE = Path(__file__).resolve().parent
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -328,11 +336,15 @@ def new_card(name: str, directory=".", kind: str = "unary", backward: bool = Fal
 
 
 def cmd_new(args) -> int:
+    import shlex
+
     written = new_card(args.name, args.dir, args.kind, args.backward)
-    d = written[0].parent
+    d = shlex.quote(str(written[0].parent.resolve()))  # absolute: the commands work from any directory
     print(f"wrote {', '.join(p.name for p in written)} in {d}")
+    # pytest run from the card's directory: `python -m pytest` puts the current directory first on sys.path, where
+    # a folder named kernelkit (a clone's default name) would be imported instead of the package
     print(f"next: kernelkit check {args.name} --kernels-dir {d}\n      kernelkit bench {args.name} --kernels-dir {d}"
-          f"\n      python -m pytest {d / ('test_' + args.name + '.py')}")
+          f"\n      cd {d} && python -m pytest test_{args.name}.py")
     return 0
 
 

@@ -6,6 +6,11 @@ flushes on a GPU, the host timer on a CPU, so CI exercises the whole path. The f
 with each other one round by round (:func:`.timing.paired_ratio`). The floor is bytes moved / the device's
 measured bandwidth (:mod:`.bandwidth`). Host overhead (wall time per call on a tiny input, no sync) is
 measured separately against torch.add's. Results print as a table, and write JSON, CSV and PNG plots.
+
+The baseline is torch's own op where the spec names one (``Spec.torch_op``), else ``torch.compile`` of the
+reference where that is timed, else the reference formula run eagerly ("eager"). On a CPU every size is timed
+at 1 thread and at torch's default, the machine's load measured over each (:mod:`.machine`): a ratio from a
+window whose threads lacked idle CPUs, or whose interval is wide, is reported as unreliable, not as a verdict.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from . import report
+from . import machine, report
 from .bandwidth import copy_contender, device_bandwidth, device_name, tensor_bytes
 from .spec import Spec, check_inputs_arg
 from .target import default_device, resolve
@@ -28,6 +33,13 @@ from .timing import Ratio, host_overhead_us, paired_ratio, time_together
 # --------------------------------------------------------------------------------------------- results
 
 COPY = "copy"  # the measured floor contender (bench(copy_floor=True))
+EAGER = "eager"  # the reference run eagerly: the card's formula, which may be written for clarity, not speed
+LABELS = {EAGER: "reference (eager)"}
+
+
+def label(contender: str) -> str:
+    """A contender's name in tables: "eager" says what it runs."""
+    return LABELS.get(contender, contender)
 
 
 @dataclasses.dataclass
@@ -39,20 +51,35 @@ class BenchResult:
     timer: str
     bandwidth_bytes_per_s: Optional[float]
     contenders: List[str]
-    rows: List[dict] = dataclasses.field(default_factory=list)  # one per (size, contender), floor included
+    rows: List[dict] = dataclasses.field(default_factory=list)  # one per (size, threads, contender), floor included
     host_us: Dict[str, float] = dataclasses.field(default_factory=dict)
     notes: List[str] = dataclasses.field(default_factory=list)
+    #: CPU: the thread counts every size was timed at, torch's default last (rows carry "threads"); GPU: none
+    threads: List[int] = dataclasses.field(default_factory=list)
+    #: CPU: the machine's load over each (size, threads) window (:class:`.machine.Load`, plus "size", "busy")
+    loads: List[dict] = dataclasses.field(default_factory=list)
+    #: the contender that is torch's own op (``Spec.torch_op``), if any
+    torch_op: Optional[str] = None
 
     @property
     def sizes(self) -> List[Tuple[int, ...]]:
         return list(dict.fromkeys(tuple(r["size"]) for r in self.rows))
 
-    def get(self, contender: str, size=None) -> Optional[dict]:
-        size = tuple(size) if size is not None else self.sizes[-1]
-        return next((r for r in self.rows if r["contender"] == contender and tuple(r["size"]) == size), None)
+    @property
+    def baseline(self) -> str:
+        """What the first contender is measured against: torch's own op, else torch.compile, else eager."""
+        timed = {r["contender"] for r in self.rows if r.get("median_us")}
+        return next((c for c in (self.torch_op, "torch.compile") if c in timed), EAGER)
 
-    def median_us(self, contender: str, size=None) -> Optional[float]:
-        row = self.get(contender, size)
+    def get(self, contender: str, size=None, threads: Optional[int] = None) -> Optional[dict]:
+        """The row of ``contender`` at ``size`` (default: the largest) and ``threads`` (default: torch's)."""
+        size = tuple(size) if size is not None else self.sizes[-1]
+        threads = threads or (self.threads[-1] if self.threads else None)
+        return next((r for r in self.rows if r["contender"] == contender and tuple(r["size"]) == size
+                     and r.get("threads") in (threads, None)), None)
+
+    def median_us(self, contender: str, size=None, threads: Optional[int] = None) -> Optional[float]:
+        row = self.get(contender, size, threads)
         return row["median_us"] if row else None
 
     def speedup(self, contender: str, baseline: str = "eager", size=None) -> Optional[float]:
@@ -60,43 +87,55 @@ class BenchResult:
         a, b = self.median_us(contender, size), self.median_us(baseline, size)
         return b / a if a and b else None
 
-    def paired(self, other: str, size=None) -> Optional[Ratio]:
-        """How many times faster the first contender is than ``other`` at ``size`` (default: the largest),
-        round by round, with its 95% confidence interval; None if either was not timed."""
-        row = self.get(other, size)
+    def paired(self, other: str, size=None, threads: Optional[int] = None) -> Optional[Ratio]:
+        """How many times faster the first contender is than ``other`` at ``size`` (default: the largest) and
+        ``threads`` (default: torch's), round by round, with its 95% confidence interval and its caveat (a busy
+        machine, a wide interval); None if either was not timed."""
+        row = self.get(other, size, threads)
         if not row or row.get("ratio") is None:
             return None
-        return Ratio(row["ratio"], row["ratio_lo"], row["ratio_hi"], row["reps"])
+        return Ratio(row["ratio"], row["ratio_lo"], row["ratio_hi"], row["reps"], row.get("unreliable") or "")
 
     def headers(self) -> List[str]:
-        h = ["size"] + self.contenders + (["floor", f"% bw ({self.contenders[0]})"] if self.bandwidth_bytes_per_s else [])
-        return h + [f"{self.contenders[0]} vs {c} (95% CI)" for c in self.contenders[1:]]
+        h = ["size"] + (["threads"] if self.threads else []) + [label(c) for c in self.contenders]
+        h += ["floor", f"% bw ({self.contenders[0]})"] if self.bandwidth_bytes_per_s else []
+        return h + [f"{self.contenders[0]} vs {label(c)} (95% CI)" for c in self.contenders[1:]]
 
     def table_rows(self) -> List[list]:
-        out = []
-        for size in self.sizes:
-            row: List[Any] = [report.fmt_shape(size)]
-            for c in self.contenders:
-                r = self.get(c, size)
-                if r is None or r.get("error"):
-                    row.append("error" if r else "-")
-                else:
-                    row.append(f"{report.fmt_us(r['median_us'])} ({report.fmt_spread(r['p20_us'], r['p80_us'], r['median_us'])})")
-            if self.bandwidth_bytes_per_s:
-                first = self.get(self.contenders[0], size)
-                row += [report.fmt_us(self.median_us("floor", size)),
-                        f"{first['pct_bw']:.0f}%" if first and first.get("pct_bw") is not None else "-"]
-            for c in self.contenders[1:]:
-                r = self.paired(c, size)
-                row.append(f"{r.median:.2f}x ({r.lo:.2f}-{r.hi:.2f})" if r else "-")
-            out.append(row)
-        return out
+        return [self._table_row(size, threads) for size in self.sizes for threads in self.threads or [None]]
+
+    def _table_row(self, size, threads: Optional[int]) -> list:
+        row: List[Any] = [report.fmt_shape(size)] + ([threads] if threads else [])
+        for c in self.contenders:
+            r = self.get(c, size, threads)
+            if r is None or r.get("error"):
+                row.append("error" if r else "-")
+            else:
+                row.append(f"{report.fmt_us(r['median_us'])} ({report.fmt_spread(r['p20_us'], r['p80_us'], r['median_us'])})")
+        if self.bandwidth_bytes_per_s:
+            first = self.get(self.contenders[0], size, threads)
+            row += [report.fmt_us(self.median_us("floor", size)),
+                    f"{first['pct_bw']:.0f}%" if first and first.get("pct_bw") is not None else "-"]
+        return row + [fmt_ratio(self.paired(c, size, threads)) for c in self.contenders[1:]]
 
     def title(self) -> str:
-        """One line: the op, the device, the dtype, the timer, the bandwidth and the host cost per call."""
+        """One line: the op, the device, the dtype, the timer, the bandwidth, the host cost per call and, on a
+        CPU, the threads and the machine's load."""
         bw = f", bandwidth {self.bandwidth_bytes_per_s / 1e9:.0f} GB/s" if self.bandwidth_bytes_per_s else ""
         host = ", host us/call: " + ", ".join(f"{k} {v:.1f}" for k, v in self.host_us.items()) if self.host_us else ""
-        return f"bench {self.name} on {self.device_name} [{self.dtype}, {self.timer}{bw}]{host}"
+        return f"bench {self.name} on {self.device_name} [{self.dtype}, {self.timer}{bw}]{host}{self._load_text()}"
+
+    def _load_text(self) -> str:
+        """"; threads 1, 2; 2 CPUs, others used up to 1.2, load 2.9 -> 3.1; busy in 3 of 10 timings"."""
+        if not self.loads:
+            return ""
+        others = [w["others_cpus"] for w in self.loads if w["others_cpus"] is not None]
+        before, after = (f"{v:.1f}" if v is not None else "?"
+                         for v in (self.loads[0]["loadavg_before"], self.loads[-1]["loadavg_after"]))
+        busy = sum(1 for w in self.loads if w["busy"])
+        return (f"; threads {', '.join(map(str, self.threads))}; {self.loads[0]['cpus']} CPUs"
+                + (f", others used up to {max(others):.1f}" if others else "") + f", load {before} -> {after}"
+                + (f"; busy in {busy} of {len(self.loads)} timings" if busy else ""))
 
     def summary(self) -> str:
         """The title, the table of times per size and contender, and the notes."""
@@ -119,9 +158,9 @@ class BenchResult:
         return path
 
     # ratio/ratio_lo/ratio_hi: this contender's time over the first contender's, round by round (paired_ratio)
-    CSV_FIELDS = ("name", "device", "dtype", "size", "numel", "contender", "median_us", "p20_us", "p80_us",
+    CSV_FIELDS = ("name", "device", "dtype", "size", "numel", "threads", "contender", "median_us", "p20_us", "p80_us",
                   "mean_us", "min_us", "reps", "dropped", "timer", "bytes", "gbps", "pct_bw", "ratio", "ratio_lo",
-                  "ratio_hi", "error")
+                  "ratio_hi", "unreliable", "others_cpus", "error")
 
     def to_csv(self, path) -> Path:
         return write_csv([self], path)
@@ -145,13 +184,22 @@ class BenchResult:
             xof, xlabel = (lambda s: moved[s]), "bytes moved"  # noqa: E731
         else:
             xof, xlabel = math.prod, "elements"
+        threads = self.threads[-1] if self.threads else None  # torch's default: the tables have 1 thread too
         series: Dict[str, List[dict]] = {}
         for r in self.rows:
-            if r.get("median_us"):
-                series.setdefault(r["contender"], []).append({**r, "x": xof(tuple(r["size"]))})
+            if r.get("median_us") and r.get("threads") in (threads, None):
+                series.setdefault(label(r["contender"]), []).append({**r, "x": xof(tuple(r["size"]))})
         for points in series.values():
             points.sort(key=lambda p: p["x"])
-        return series, xlabel, report.sweep_title(self.name, self.device, self.device_name, self.dtype)
+        title = report.sweep_title(self.name, self.device, self.device_name, self.dtype)
+        return series, xlabel, title + (f", {threads} thread{'s' * (threads > 1)}" if threads else "")
+
+
+def fmt_ratio(r: Optional[Ratio]) -> str:
+    """"0.64x (0.61-0.66)", or the reason it is unreliable instead of an interval."""
+    if r is None:
+        return "-"
+    return f"unreliable ({r.caveat}): {r.median:.2f}x" if r.caveat else f"{r.median:.2f}x ({r.lo:.2f}-{r.hi:.2f})"
 
 
 def write_csv(results: Sequence[BenchResult], path) -> Path:
@@ -207,12 +255,17 @@ def _many_recompiles():
 CPU_MAX_NUMEL = 1 << 22  # CPU sweeps stop here: the GPU-sized sweeps would take minutes on a laptop
 
 
-def _add_references(contenders: Dict[str, Callable], reference: Optional[Callable], compile: bool) -> None:
-    """The eager reference and torch.compile(reference) join the contenders, unless already named."""
-    if reference is not None and "eager" not in contenders:
-        contenders["eager"] = reference
+def _add_references(contenders: Dict[str, Callable], reference: Optional[Callable], compile: bool,
+                    torch_op: Optional[Tuple[str, Callable]]) -> Optional[str]:
+    """torch's own op, the eager reference and torch.compile(reference) join the contenders, unless already
+    named (a reference that is torch's op joins once, by the op's name). Returns the torch op's name."""
+    if torch_op is not None:
+        contenders.setdefault(*torch_op)
+    if reference is not None and EAGER not in contenders and (torch_op is None or reference is not torch_op[1]):
+        contenders[EAGER] = reference
     if compile and reference is not None and "torch.compile" not in contenders:
         contenders["torch.compile"] = torch.compile(reference, dynamic=False)
+    return torch_op[0] if torch_op is not None else None
 
 
 def _cpu_cap(spec: Optional[Spec]) -> Optional[int]:
@@ -255,9 +308,10 @@ def bench(target: BenchTarget = None, inputs=None, *, spec: Optional[Spec] = Non
           compile: Optional[bool] = None, graph: bool = False, flush_l2: bool = True,
           budget_ms: Optional[float] = None, warmup_ms: Optional[float] = None, host_overhead: bool = True,
           floor: bool = True, copy_floor: bool = False, max_numel: Optional[int] = None, seed: int = 0,
-          progress: Optional[Callable[[str], None]] = None, kernels_dir=None) -> BenchResult:
-    """Time ``target`` over a size sweep, side by side with the eager reference, ``torch.compile(reference)``
-    and the bandwidth floor.
+          progress: Optional[Callable[[str], None]] = None, kernels_dir=None,
+          threads: Optional[Sequence[int]] = None) -> BenchResult:
+    """Time ``target`` over a size sweep, side by side with torch's own op (``spec.torch_op``), the eager
+    reference, ``torch.compile(reference)`` and the bandwidth floor.
 
     ``target``: a card name or :class:`Spec` (its op is "kernelkit"), a callable, a dict name -> callable
     or a list of callables. Inputs come from ``inputs`` (a tuple of args, or a
@@ -271,12 +325,15 @@ def bench(target: BenchTarget = None, inputs=None, *, spec: Optional[Spec] = Non
     bytes/bandwidth says nothing; a copy shows what any kernel moving those bytes takes. A card name is
     searched in ``kernels_dir`` (default: KERNELKIT_PATH + the built-in cards). Nothing to time (``sizes=[]``,
     no bench_sizes, ``max_numel`` below every size) is a ValueError; ``inputs`` of another form a TypeError.
+    On a CPU each size is timed at ``threads`` torch threads (default 1 and torch's), the machine's load measured:
+    a ratio from a busy machine or with a wide interval is marked unreliable (``Ratio.caveat``, the row's).
     """
     contenders, spec, device = _contenders(target, spec, kernels_dir, device)
     reference = reference if reference is not None else spec.reference if spec is not None else None
     on_gpu = device.type == "cuda"
     dtype = dtype or (spec.bench_dtype if spec is not None else torch.float32)
-    _add_references(contenders, reference, on_gpu if compile is None else compile)
+    torch_op = _add_references(contenders, reference, on_gpu if compile is None else compile,
+                               spec.torch_baseline() if spec is not None else None)
     if max_numel is None and not on_gpu and sizes is None and inputs is None:
         max_numel = _cpu_cap(spec)
     make, sizes = _inputs_and_sizes(spec, inputs, sizes, max_numel)
@@ -284,17 +341,16 @@ def bench(target: BenchTarget = None, inputs=None, *, spec: Optional[Spec] = Non
     timer = ("cuda-graph" if graph else "cuda-events") if on_gpu else "host"
     bw = device_bandwidth(device) if floor else None
     result = BenchResult(name, str(device), device_name(device), str(dtype).replace("torch.", ""), timer, bw,
-                         list(contenders) + ([COPY] if copy_floor else []))
-    if graph and not on_gpu:
-        result.notes.append("graph mode needs CUDA: host timer used")
+                         list(contenders) + ([COPY] if copy_floor else []), torch_op=torch_op,
+                         threads=[] if on_gpu else sorted(set(threads)) if threads else machine.thread_settings())
     if not on_gpu:
-        result.notes.append("host timer (time.perf_counter): CPU wall time, no cache flush; % bw is against a "
-                            "DRAM copy, so cache-resident sizes can exceed 100%")
+        result.notes += ["graph mode needs CUDA: host timer used"] * graph + [
+            "host timer (time.perf_counter): CPU wall time, no cache flush; % bw is against a DRAM copy, so "
+            "cache-resident sizes can exceed 100%"]
     timing_kw = dict(budget_ms=budget_ms or (100.0 if on_gpu else 50.0), warmup_ms=warmup_ms or (25.0 if on_gpu else 10.0))
     if on_gpu:
         timing_kw.update(flush=flush_l2, graph=graph)
-    bytes_moved = spec.bytes_moved if spec is not None and spec.bytes_moved is not None else \
-        (lambda args, out: tensor_bytes(args, out))
+    bytes_moved = spec.bytes_moved if spec is not None and spec.bytes_moved is not None else tensor_bytes
     with _many_recompiles():
         for size in sizes:
             if max_numel is not None and math.prod(size) > max_numel:
@@ -305,61 +361,99 @@ def bench(target: BenchTarget = None, inputs=None, *, spec: Optional[Spec] = Non
             _bench_size(result, contenders, args, size, bytes_moved, bw, timing_kw, progress, copy_floor)
     if host_overhead:
         _host_overheads(result, contenders, make, spec, dtype, device, seed)
+    _note_busy(result)
     return result
+
+
+def _note_busy(result: BenchResult) -> None:
+    busy = [w for w in result.loads if w["busy"]]
+    if busy:
+        result.notes.append(f"the machine was busy in {len(busy)} of {len(result.loads)} timings (worst: "
+                            f"{max(busy, key=lambda w: w['others_cpus'] or 0)['busy']}): their ratios are marked "
+                            "unreliable; rerun on an idle machine")
 
 
 def _bench_size(result: BenchResult, contenders: Dict[str, Callable], args: tuple, size, bytes_moved, bw,
                 timing_kw: dict, progress, copy_floor: bool = False) -> None:
-    """Time every contender on one size's inputs, side by side (one call of each in turn); add the floor."""
+    """Time every contender on one size's inputs, side by side (one call of each in turn), at each of the
+    result's thread counts on a CPU; add the floor."""
+    errors: Dict[str, str] = {}
+    ready, moved = _ready(contenders, args, bytes_moved, errors)
+    if copy_floor:
+        if moved is None:
+            errors[COPY] = _one_line(RuntimeError("no contender ran, so the bytes to copy are unknown"))
+        else:
+            ready[COPY] = copy_contender(moved, torch.device(result.device))
+    for threads in result.threads or [None]:
+        rows = {c: {"size": list(size), "numel": math.prod(size), "contender": c, **({"threads": threads} if threads else {})}
+                for c in result.contenders}
+        for cname, error in errors.items():
+            rows[cname]["error"] = error
+        _time_window(result, ready, rows, size, threads, timing_kw)
+        for cname, row in rows.items():
+            note = f"{cname} at {report.fmt_shape(size)}: {row.get('error')}"
+            if "error" in row and cname not in errors and note not in result.notes:
+                result.notes.append(note)
+            if progress:
+                where = f" ({threads} thread{'s' * (threads > 1)})" if threads else ""
+                progress(f"{result.name} {report.fmt_shape(size)}{where} {cname}: {report.fmt_us(row.get('median_us'))}")
+            if moved is not None:
+                row["bytes"] = moved
+                if row.get("median_us"):
+                    row["gbps"] = moved / row["median_us"] / 1e3
+                    row["pct_bw"] = 100.0 * moved / (row["median_us"] * 1e-6) / bw if bw else None
+        result.rows += rows.values()
+    result.notes += [f"{cname} at {report.fmt_shape(size)}: {error}" for cname, error in errors.items()]
+    if moved is not None and bw:
+        result.rows.append({"size": list(size), "numel": math.prod(size), "contender": "floor", "bytes": moved,
+                            "median_us": moved / bw * 1e6, "timer": "bytes/bandwidth", "pct_bw": 100.0})
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _ready(contenders: Dict[str, Callable], args: tuple, bytes_moved, errors: Dict[str, str]):
+    """(the contenders bound to ``args``, the bytes moved from the first output there is): the first calls of
+    the others (compiles, loads) are time_together's, which reports their errors."""
+    ready: Dict[str, Callable] = {}
     moved = None
-    rows = {cname: {"size": list(size), "numel": math.prod(size), "contender": cname}
-            for cname in list(contenders) + ([COPY] if copy_floor else [])}
-    ready = {}
     for cname, fn in contenders.items():
-        if moved is None:  # the bytes moved, from the first output there is; time_together makes the
-            try:           # other first calls (compiles, loads) and reports their errors
+        if moved is None:
+            try:
                 out = fn(*args)
                 moved = int(bytes_moved(args, out))
                 del out
             except Exception as e:  # noqa: BLE001 - one contender failing must not lose the others
-                rows[cname]["error"] = e
+                errors[cname] = _one_line(e)
                 continue
         ready[cname] = lambda fn=fn: fn(*args)
-    if copy_floor:
-        if moved is None:
-            rows[COPY]["error"] = RuntimeError("no contender ran, so the bytes to copy are unknown")
-        else:
-            ready[COPY] = copy_contender(moved, torch.device(result.device))
+    return ready, moved
+
+
+def _time_window(result: BenchResult, ready: Dict[str, Callable], rows: Dict[str, dict], size,
+                 threads: Optional[int], timing_kw: dict) -> None:
+    """Time ``ready`` together (at ``threads`` torch threads, the machine's load measured, on a CPU) into
+    ``rows``; the first contender against each other one, round by round, with the ratio's caveat."""
+    if threads is None:
+        outcomes, load = time_together(ready, result.device, **timing_kw), None
+    else:
+        with machine.torch_threads(threads), machine.measured(threads) as load:
+            outcomes = time_together(ready, result.device, **timing_kw)
+        result.loads.append({"size": list(size), **load.to_dict(), "busy": load.busy()})
     samples: Dict[str, List[float]] = {}
-    for cname, outcome in time_together(ready, result.device, **timing_kw).items():
+    for cname, outcome in outcomes.items():
         if isinstance(outcome, Exception):
-            rows[cname]["error"] = outcome
+            rows[cname]["error"] = _one_line(outcome)
         else:
-            rows[cname].update(outcome.summary())
+            rows[cname].update(outcome.summary(), **({"others_cpus": load.others_cpus} if load else {}))
             samples[cname] = outcome.samples_us
-    first = next(iter(contenders))
-    for cname, other in samples.items():  # the op under test against each other contender, round by round
+    first = result.contenders[0]
+    for cname, other in samples.items():
         if cname != first and first in samples and len(other) == len(samples[first]):
-            ratio = paired_ratio(samples[first], other)
-            rows[cname].update(ratio=ratio.median, ratio_lo=ratio.lo, ratio_hi=ratio.hi)
-    for cname, row in rows.items():
-        if "error" in row:
-            e = row["error"]
-            row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-            result.notes.append(f"{cname} at {report.fmt_shape(size)}: {row['error']}")
-        if progress:
-            progress(f"{result.name} {report.fmt_shape(size)} {cname}: {report.fmt_us(row.get('median_us'))}")
-    rows = list(rows.values())
-    if moved is not None:
-        for row in rows:
-            row["bytes"] = moved
-            if row.get("median_us"):
-                row["gbps"] = moved / row["median_us"] / 1e3
-                row["pct_bw"] = 100.0 * moved / (row["median_us"] * 1e-6) / bw if bw else None
-        if bw:
-            rows.append({"size": list(size), "numel": math.prod(size), "contender": "floor", "bytes": moved,
-                         "median_us": moved / bw * 1e6, "timer": "bytes/bandwidth", "pct_bw": 100.0})
-    result.rows += rows
+            ratio = paired_ratio(samples[first], other).judged(load.busy() if load else None)
+            rows[cname].update(ratio=ratio.median, ratio_lo=ratio.lo, ratio_hi=ratio.hi, unreliable=ratio.caveat or None)
 
 
 def _host_overheads(result: BenchResult, contenders, make, spec, dtype, device, seed, rounds: int = 3) -> None:

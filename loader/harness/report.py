@@ -126,18 +126,30 @@ def _draw_speedup(ax, timed: Dict[str, List[dict]], ours: str) -> None:
     # the paired ratios' 95% intervals (each contender's time over the first contender's, round by round)
     paired = ours == next(k for k in timed if k not in FLOORS)
     ratios = [1.0]
+    caveats: List[str] = []
     for name, pts in timed.items():
         if name == ours or name in FLOORS:
             continue
         pts = [p for p in pts if p["x"] in mine]
         ys = [p["median_us"] / mine[p["x"]] for p in pts]
-        (line,) = ax.plot([p["x"] for p in pts], ys, marker="o", markersize=3, label=f"vs {name}")
+        faint = dict(linestyle=":", alpha=0.5) if paired and pts and all(p.get("unreliable") for p in pts) else {}
+        (line,) = ax.plot([p["x"] for p in pts], ys, marker="o", markersize=3, label=f"vs {name}", **faint)
         spans = [(p.get("ratio_lo"), p.get("ratio_hi")) for p in pts]
         if paired and pts and all(lo is not None and hi is not None for lo, hi in spans):
-            ax.fill_between([p["x"] for p in pts], [lo for lo, _ in spans], [hi for _, hi in spans],
+            solid = [(p["x"], lo, hi) for p, (lo, hi) in zip(pts, spans) if not p.get("unreliable")]
+            ax.fill_between([x for x, _, _ in solid], [lo for _, lo, _ in solid], [hi for _, _, hi in solid],
                             color=line.get_color(), alpha=0.2, linewidth=0)
-            ratios += [v for span in spans for v in span if v > 0]
+            ratios += [v for _, lo, hi in solid for v in (lo, hi) if v > 0]
+        doubtful = [(p["x"], y) for p, y in zip(pts, ys) if p.get("unreliable")] if paired else []
+        if doubtful:  # no interval: a rerun could find the ratio anywhere
+            ax.plot(*zip(*doubtful), linestyle="none", marker="o", markersize=9, markerfacecolor="white",
+                    markeredgecolor="#b00")
+            caveats.append(next(p["unreliable"] for p in pts if p.get("unreliable")))
         ratios += ys
+    if caveats:
+        ax.annotate(f"red rings: unreliable, no interval ({caveats[0]}); rerun on an idle machine", (0.01, 0.02),
+                    xycoords="axes fraction", fontsize=7, color="#b00", va="bottom",
+                    bbox=dict(facecolor="white", edgecolor="none", alpha=0.8))
     ax.axhline(1.0, color="k", linewidth=0.9, label="1× (as fast)")
     ax.set_yscale("log")
     # within a decade, 1-2-5 ticks would leave one or two labels on the axis
@@ -159,7 +171,8 @@ def sweep_figures(series: Dict[str, List[dict]], xlabel: str, title: str, ours: 
     """matplotlib figures of a size sweep, by name: "time" (every contender, the floors as lines),
     "speedup" (``ours``, default the first contender, against each other contender, log scale) and
     "bandwidth" (% of the measured bandwidth). ``series`` maps contender -> points ``{x, median_us,
-    p20_us, p80_us, pct_bw}``; "floor" and "copy" are floors (``FLOORS``)."""
+    p20_us, p80_us, pct_bw}`` (and the paired ``ratio_lo``, ``ratio_hi``, ``unreliable`` of bench's rows: an
+    unreliable ratio is a red ring without an interval); "floor" and "copy" are floors (``FLOORS``)."""
     plt = _pyplot()
     timed = _timed(series)
     ours = ours or next((k for k in timed if k not in FLOORS), None)

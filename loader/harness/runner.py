@@ -2,8 +2,9 @@
 write a report directory (summary.md, results.json, bench.csv, plots/*.png).
 
 Without a CUDA GPU it says so, builds the CUDA cards all the same (their device code is compiled, not
-run: "compile-only") and checks and times the cards' CPU implementations with the host timer. Nothing is
-reported as measured on a GPU that was not.
+run: "compile-only") and checks and times the cards' CPU implementations with the host timer, at 1 thread and
+at torch's default, with the machine's load measured over each timing (a ratio from a busy machine is marked
+unreliable, not printed as a verdict). Nothing is reported as measured on a GPU that was not.
 """
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ from .. import loading
 from ..errors import KernelkitError
 from ..jit import fastcall
 from ..jit.cards import all_cards, find
-from . import report
+from . import machine, report
 from .bandwidth import device_bandwidth, device_name
-from .bench import CPU_MAX_NUMEL, BenchResult, bench, write_csv
+from .bench import CPU_MAX_NUMEL, BenchResult, bench, fmt_ratio, label, write_csv
 from .check import check
 from .results import CheckResult
 from .target import resolve
@@ -80,6 +81,7 @@ class CardRun:
 def environment(gpu: bool) -> Dict[str, Any]:
     env = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
            "host": platform.node(), "cpu": device_name(torch.device("cpu")), "gpu": None,
+           "cpus": len(machine.cpu_ids()), "loadavg_start": machine.loadavg(),
            "when": time.strftime("%Y-%m-%d %H:%M:%S")}
     if gpu:
         p = torch.cuda.get_device_properties(0)
@@ -257,6 +259,7 @@ def run(ops: Optional[Sequence[str]] = None, out_dir="kernelkit-report", opts: O
             bench_card(runs[name], opts, say)
     results = [runs[name] for name in names]
     env["wall_s"] = round(time.perf_counter() - t0, 1)
+    env["loadavg_end"] = machine.loadavg()
     say("writing the report and its plots")
     out = write_report(Path(out_dir), env, results)
     say("report written")
@@ -272,16 +275,19 @@ def run(ops: Optional[Sequence[str]] = None, out_dir="kernelkit-report", opts: O
 
 # ----------------------------------------------------------------------------------------------- report
 
-HEADERS = ("op", "mode", "build", "check", "max rel err", "bench size", "kernelkit", "eager", "torch.compile",
-           "floor", "% bw", "speedup")
+HEADERS = ("op", "mode", "build", "check", "max rel err", "bench size", "kernelkit", "torch op", label("eager"),
+           "torch.compile", "floor", "% bw", "speedup (95% CI)")
 
 
 def headline(env: Dict[str, Any]) -> str:
     base = f"kernelkit run: torch {env['torch']} (CUDA {env['cuda']}), python {env['python']} on {env['host']}"
     if env["gpu"]:
         return base + f"\nGPU: {env['gpu']} (sm {env['capability']}), measured bandwidth {env['bandwidth_gb_s']} GB/s"
+    start, end = (f"{v:.1f}" if v is not None else "?" for v in (env["loadavg_start"], env.get("loadavg_end")))
+    load = f"{start} -> {end}" if "loadavg_end" in env else f"{start} at the start"
     return base + ("\nno CUDA GPU: CUDA cards are compiled but not run (compile-only); CPU implementations are "
-                   "checked and timed on the CPU with a host timer")
+                   "checked and timed on the CPU with a host timer, at 1 thread and at torch's default; "
+                   f"{env['cpus']} CPUs, load average {load}")
 
 
 def summary_row(r: CardRun) -> List[str]:
@@ -301,13 +307,21 @@ def summary_row(r: CardRun) -> List[str]:
     size = b.sizes[-1]
     med = lambda name: report.fmt_us(b.median_us(name, size))  # noqa: E731
     first = b.get("kernelkit", size) or {}
-    base = "torch.compile" if b.median_us("torch.compile", size) else "eager"
-    paired = b.paired(base, size)  # round by round, with its 95% interval
+    return row + [report.fmt_shape(size), med("kernelkit"), f"{b.torch_op} {med(b.torch_op)}" if b.torch_op else "-",
+                  med("eager"), med("torch.compile"), med("floor"),
+                  f"{first['pct_bw']:.0f}%" if first.get("pct_bw") is not None else "-", speedup_cell(b, size)]
+
+
+def speedup_cell(b: BenchResult, size) -> str:
+    """kernelkit against the baseline, round by round: "0.03x (0.03-0.04) vs torch.sigmoid"; on a CPU at each
+    thread count, and "unreliable (why)" in place of the interval where the machine was busy."""
+    base = b.baseline
+    if b.threads:
+        return f"vs {label(base)}: " + "; ".join(f"{t} thread{'s' * (t > 1)} {fmt_ratio(b.paired(base, size, t))}"
+                                                for t in b.threads)
+    paired = b.paired(base, size)
     speedup = b.speedup("kernelkit", base, size)
-    cell = f"{paired.median:.2f}x vs {base} ({paired.lo:.2f}-{paired.hi:.2f})" if paired else \
-        f"{speedup:.2f}x vs {base}" if speedup else "-"
-    return row + [report.fmt_shape(size), med("kernelkit"), med("eager"), med("torch.compile"), med("floor"),
-                  f"{first['pct_bw']:.0f}%" if first.get("pct_bw") is not None else "-", cell]
+    return f"{fmt_ratio(paired)} vs {label(base)}" if paired else f"{speedup:.2f}x vs {label(base)}" if speedup else "-"
 
 
 def write_report(out: Path, env: Dict[str, Any], results: List[CardRun]) -> Path:

@@ -77,6 +77,11 @@ class Spec:
     device_dtypes: Mapping[str, Sequence[torch.dtype]] = dataclasses.field(default_factory=dict)
     #: dtype used for benchmark sweeps
     bench_dtype: torch.dtype = torch.float32
+    #: torch's own op for the same computation, same positional signature (e.g. ``torch.sigmoid``): bench's
+    #: baseline where there is one (the reference is often a formula written for clarity, not speed)
+    torch_op: Optional[Callable[..., Any]] = None
+    #: its name in tables (default ``torch.<its __name__>``)
+    torch_op_name: Optional[str] = None
     #: kernel-only CUDA files (relative to the card's directory) compiled in-process by NVRTC, as instant
     #: kernels are, instead of by nvcc: a list, or {file: [template instantiations such as "axpy<float>"]}.
     #: The binding launches their kernels by name (``kk::kernel("axpy<float>")``, <kernelkit/kernels.h>);
@@ -93,6 +98,12 @@ class Spec:
 
     def dtypes_for(self, device: Union[str, torch.device]) -> Sequence[torch.dtype]:
         return tuple(self.device_dtypes.get(torch.device(device).type, self.dtypes))
+
+    def torch_baseline(self) -> Optional[Tuple[str, Callable[..., Any]]]:
+        """(name, function) of :attr:`torch_op`, or None."""
+        if self.torch_op is None:
+            return None
+        return self.torch_op_name or f"torch.{getattr(self.torch_op, '__name__', 'op')}", self.torch_op
 
     def default_sources(self) -> Sequence[str]:
         return list(self.sources) if self.sources is not None else []

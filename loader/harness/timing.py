@@ -24,13 +24,14 @@ import math
 import random
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 L2_FLUSH_BYTES = 256 << 20
 MAX_SPIN_US = 20_000.0  # a call whose host side takes longer than this is host-bound: timed as it comes
 HOST_BATCH_S = 20e-6  # host-timed calls shorter than this are timed in batches
+MAX_RATIO_SPREAD = 1.5  # a paired ratio whose 95% interval spans more than this factor says nothing
 
 _FLUSH: Dict[torch.device, torch.Tensor] = {}
 _FLUSH_US: Dict[torch.device, float] = {}
@@ -63,19 +64,31 @@ class Timing:
 @dataclasses.dataclass(frozen=True)
 class Ratio:
     """``median`` of per-round ratios of two functions' times with its 95% confidence interval
-    [``lo``, ``hi``] over ``rounds`` rounds."""
+    [``lo``, ``hi``] over ``rounds`` rounds; ``caveat``: why the ratio means nothing ("" if it stands)."""
     median: float
     lo: float
     hi: float
     rounds: int
+    caveat: str = ""
 
     @property
     def verdict(self) -> str:
-        """"faster" / "slower" when the interval excludes 1, else "tie" (ratio = other's time / ours)."""
+        """"faster" / "slower" when the interval excludes 1, else "tie" (ratio = other's time / ours);
+        "unreliable" when it has a caveat."""
+        if self.caveat:
+            return "unreliable"
         return "faster" if self.lo > 1.0 else "slower" if self.hi < 1.0 else "tie"
 
+    def judged(self, busy: Optional[str] = None) -> "Ratio":
+        """This ratio with its caveat: ``busy`` (the machine's, :meth:`.machine.Load.busy`), else an interval
+        wider than ``MAX_RATIO_SPREAD`` (a ratio that a rerun could find anywhere in it)."""
+        wide = self.lo <= 0 or self.hi / self.lo > MAX_RATIO_SPREAD
+        spread = f"spread: its 95% interval is {self.lo:.2f}-{self.hi:.2f}x" if wide else ""
+        return dataclasses.replace(self, caveat=busy or spread)
+
     def __str__(self) -> str:
-        return f"{self.median:.3f}x [{self.lo:.3f}, {self.hi:.3f}]"
+        text = f"{self.median:.3f}x [{self.lo:.3f}, {self.hi:.3f}]"
+        return f"{text}, unreliable: {self.caveat}" if self.caveat else text
 
 
 def paired_ratio(ours_us: Sequence[float], other_us: Sequence[float]) -> Ratio:

@@ -23,6 +23,7 @@ import types
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .. import settings
 from ..errors import KernelkitError
 from ..harness import report
 from . import tools
@@ -79,7 +80,7 @@ def find_ncu() -> str:
     """ncu's path: KERNELKIT_NCU, then PATH, then NCU_DIRS; looked up on every call, since KERNELKIT_NCU may
     change between profiles in one process."""
     try:
-        return tools.locate("ncu", "KERNELKIT_NCU", tuple(NCU_DIRS))
+        return tools.locate("ncu", settings.NCU, tuple(NCU_DIRS))
     except KernelkitError as e:
         raise ProfileError(f"kernelkit.profile needs Nsight Compute's {e}. Install Nsight Compute (the CUDA toolkit "
                            "ships it) and put ncu on PATH, or point KERNELKIT_NCU at it: "

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from ..errors import KernelkitError
+from ..settings import Setting
 
 #: the PyPI package that ships each tool, for machines without the full CUDA toolkit
 PACKAGES = {"cuobjdump": "nvidia-cuda-cuobjdump", "nvdisasm": "nvidia-cuda-nvdisasm"}
@@ -37,15 +38,15 @@ def find(name: str) -> str:
     return locate(name)
 
 
-def locate(name: str, env: Optional[str] = None, dirs: Optional[Tuple[str, ...]] = None) -> str:
-    """The tool's path: the file the variable ``env`` names when it is set, else the first found in CUDA_HOME/bin,
+def locate(name: str, env: Optional[Setting] = None, dirs: Optional[Tuple[str, ...]] = None) -> str:
+    """The tool's path: the file the setting ``env`` names when it is set, else the first found in CUDA_HOME/bin,
     CUDA_PATH/bin, PATH, /usr/local/cuda/bin, then NVIDIA's PyPI wheels. ``dirs`` (glob patterns, newest match
     first) replace all of these but PATH."""
-    named = os.environ.get(env) if env else None
+    named = env.get() if env else None
     if named:
-        if not _executable(Path(named).expanduser()):
-            raise KernelkitError(f"{name}: {env}={named} is not an executable file")
-        return str(Path(named).expanduser())
+        if not _executable(named):
+            raise KernelkitError(f"{name}: {env.name}={named} is not an executable file")
+        return str(named)
     if dirs is None:
         before = [Path(home) / "bin" for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")) if home]
         after = [Path("/usr/local/cuda/bin"), *_wheel_bins()]
@@ -62,7 +63,7 @@ def locate(name: str, env: Optional[str] = None, dirs: Optional[Tuple[str, ...]]
         if _executable(d / name):
             return str(d / name)
     if dirs is not None:
-        unset = f"in {env} (unset), " if env else ""
+        unset = f"in {env.name} (unset), " if env else ""
         raise KernelkitError(f"{name}: not found {unset}on PATH, nor in {', '.join(d + '/' for d in dirs)}")
     package = PACKAGES.get(name, name)
     raise KernelkitError(f"kernelkit.inspect needs NVIDIA's {name}, found neither in CUDA_HOME/bin nor on PATH nor "

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from .. import replace_file
+from .. import replace_file, settings
 from ..errors import CacheSecurityError
 from ..jit import cache, keys
 from ..jit.library import import_extension
@@ -47,7 +47,10 @@ def _record() -> Path:
 
 
 def _recorded() -> Optional[Path]:
-    """The launcher built before for this source and Python, if its record and its library check out."""
+    """The launcher built before for this source and Python, if its record and its library check out
+    (KERNELKIT_FAST=off: never, the launcher is planned)."""
+    if not settings.fast_path("records"):
+        return None
     try:
         record = json.loads(_record().read_text())
         so = Path(record["so"])

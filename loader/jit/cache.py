@@ -25,7 +25,6 @@ import fcntl
 import functools
 import json
 import logging
-import math
 import os
 import shutil
 import stat
@@ -35,19 +34,22 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
 
-from .. import replace_file
-from ..errors import CacheSecurityError, CacheUnwritable, LockTimeout
+from .. import replace_file, settings
+from ..errors import CacheSecurityError, CacheUnwritable, KernelkitError, LockTimeout
 from .sources import sha256_bytes, sha256_file
 
 log = logging.getLogger("kernelkit")
 T = TypeVar("T")
 
 LAYOUT = "v1"
-DEFAULT_LOCK_TIMEOUT = 900.0  # a cold build of a large card on a small machine can take minutes
-DEFAULT_MAX_AGE_DAYS = 30.0
+DEFAULT_MAX_AGE_DAYS = settings.CACHE_MAX_AGE_DAYS.default
 STALE_TMP_SECONDS = 3600.0  # private build dirs and fresh sources younger than this may belong to a live build
 STALE_LOCK_SECONDS = 86400.0
 GC_INTERVAL_SECONDS = 86400.0
+CAP_INTERVAL_SECONDS = 300.0  # the size cap walks the cache: after a build, at most this often
+CAP_GRACE_SECONDS = 600.0  # entries used this recently may be in a build's or a load's hands: the cap leaves them
+#: what ``info`` sizes and the cap evicts, by kind: its directory
+KIND_DIRS = {"libraries": "lib", "objects": "obj", "precompiled headers": "pch", "sources": "src", "records": "records"}
 PCH_META = "pch.json"
 PCH_CLAIM = "building"
 
@@ -56,10 +58,8 @@ PCH_CLAIM = "building"
 def cache_dir() -> Path:
     """KERNELKIT_CACHE_DIR, else the user cache dir (platformdirs), plus the layout version; both
     directories created private (0700 whatever the umask) and refused if not private."""
-    env = os.environ.get("KERNELKIT_CACHE_DIR")
-    if env:
-        root = Path(env).expanduser()
-    else:
+    root = settings.CACHE_DIR.get()
+    if root is None:
         import platformdirs  # only when no cache dir is configured
 
         root = Path(platformdirs.user_cache_dir("kernelkit", appauthor=False))
@@ -173,24 +173,9 @@ def subdir(name: str) -> Path:
     return d
 
 
-def _env_number(name: str, default: float, unit: str) -> float:
-    """A positive number from the environment; anything else is reported and replaced by the default."""
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        log.warning("%s=%r is not a positive number of %s; using %g", name, raw, unit, default)
-        return default
-    return value
-
-
 # ------------------------------------------------------------------------------------------------ locks
 def lock_timeout() -> float:
-    return _env_number("KERNELKIT_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT, "seconds")
+    return settings.LOCK_TIMEOUT.get()
 
 
 def _filelock(lock_id: str):
@@ -469,6 +454,11 @@ def _remove_object_if(key: str, keep: Callable[[], bool], held: bool = False) ->
     return _remove_under_lock(key, keep, remove, held)
 
 
+def object_info(key: str) -> dict:
+    """What was recorded with the object for ``key`` when it was stored ({} if nothing readable)."""
+    return _read_json(object_path(key).with_suffix(".json")) or {}
+
+
 def store_object(key: str, built: Path, info: dict) -> Path:
     final = object_path(key)
     meta_tmp = built.with_suffix(".json")
@@ -516,6 +506,22 @@ def tune_records() -> List[dict]:
 def store_tune_record(key: str, record: dict) -> None:
     """Store an autotuning winner; a cache that cannot be written keeps none (the next process tunes again)."""
     _publish_small(subdir("tune") / f"{key}.json", json.dumps(record))
+
+
+def read_record(kind: str, key: str) -> dict:
+    """The small JSON record ``key`` of ``kind`` (records/<kind>/: what a build learned, e.g. a split's proofs),
+    or {} if there is none or it is unreadable."""
+    record = _read_json(cache_dir() / "records" / kind / f"{key}.json")
+    return record if isinstance(record, dict) else {}
+
+
+def write_record(kind: str, key: str, record: dict) -> None:
+    """Store a small record (readers see the old or the new one); a cache that cannot be written keeps none."""
+    folder = subdir("records") / kind
+    with contextlib.suppress(OSError, CacheUnwritable):
+        with writing(folder):
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _publish_small(folder / f"{key}.json", json.dumps(record))
 
 
 def _publish_small(final: Path, text: str) -> None:
@@ -741,11 +747,16 @@ def _du(path: Path) -> int:
 
 
 def info() -> Dict[str, object]:
-    """Counts, total bytes, and bytes per subdirectory (lib, obj, pch, src, tmp, ...): where the space went."""
+    """Counts, total bytes, bytes per subdirectory (lib, obj, pch, src, tmp, ...) and per kind (``KIND_DIRS``,
+    largest first, the rest as "other": build dirs, locks, small records), and the size cap: where the space went."""
     root = cache_dir()
     per_dir = {p.name: _du(p) for p in sorted(root.iterdir()) if p.is_dir()}
+    total = _du(root)
+    kinds = {kind: per_dir.get(d, 0) for kind, d in KIND_DIRS.items()}
+    kinds["other"] = total - sum(kinds.values())
     return {"path": str(root), "libraries": len(list(subdir("lib").iterdir())),
-            "objects": len(list(subdir("obj").glob("*.o"))), "bytes": _du(root), "subdirs": per_dir}
+            "objects": len(list(subdir("obj").glob("*.o"))), "pch": len(_pch_roots()), "bytes": total,
+            "subdirs": per_dir, "kinds": dict(sorted(kinds.items(), key=lambda kv: -kv[1])), "max_bytes": max_bytes()}
 
 
 def _object_keys() -> List[str]:
@@ -763,6 +774,11 @@ def _remove_pch_if(root: Path, keep: Callable[[], bool]) -> bool:
         return True
     finally:
         os.close(fd)
+
+
+def _record_kinds() -> List[Path]:
+    root = cache_dir() / "records"
+    return [p for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
 
 
 def _remove_unused(parent: Path, cutoff: float) -> int:
@@ -805,16 +821,18 @@ def _remove_idle_locks(cutoff: float) -> int:
     return n
 
 
-def gc(max_age_days: float = DEFAULT_MAX_AGE_DAYS, now: Optional[float] = None) -> Dict[str, int]:
+def gc(max_age_days: float = DEFAULT_MAX_AGE_DAYS, now: Optional[float] = None,
+       max_bytes: Optional[int] = None) -> Dict[str, int]:
     """Remove libraries, objects, precompiled headers and generated sources unused for ``max_age_days``,
-    build dirs left by dead builds, and idle lock files. Entries another process holds are left alone."""
+    build dirs left by dead builds, and idle lock files; then hold the cache to ``max_bytes``
+    (:func:`enforce_size_cap`). Entries another process holds are left alone."""
     now = time.time() if now is None else now
     cutoff = now - max_age_days * 86400
 
     def old(path: Path, stamp: Path) -> Callable[[], bool]:
         return lambda: _last_used(path, stamp) < cutoff
 
-    removed = {"libraries": 0, "objects": 0, "pch": 0, "sources": 0, "tmp": 0, "locks": 0}
+    removed = {"libraries": 0, "objects": 0, "pch": 0, "sources": 0, "records": 0, "tmp": 0, "locks": 0}
     for entry in list(subdir("lib").iterdir()):
         is_old = old(entry, entry / "manifest.json")
         if is_old() and _remove_library_if(entry, lambda is_old=is_old: not is_old()):
@@ -828,29 +846,113 @@ def gc(max_age_days: float = DEFAULT_MAX_AGE_DAYS, now: Optional[float] = None) 
         if is_old() and _remove_pch_if(root, lambda is_old=is_old: not is_old()):
             removed["pch"] += 1
     removed["sources"] = _remove_unused(subdir("src"), min(cutoff, now - STALE_TMP_SECONDS))
+    removed["records"] = sum(_remove_unused(kind, cutoff) for kind in _record_kinds())
     removed["tmp"] = _remove_unused(subdir("tmp"), now - STALE_TMP_SECONDS)
     removed["tmp"] += _remove_partial_writes(now - STALE_TMP_SECONDS)
     removed["locks"] = _remove_idle_locks(now - STALE_LOCK_SECONDS)
+    for kind, n in enforce_size_cap(max_bytes, now).items():
+        removed[{"precompiled headers": "pch"}.get(kind, kind)] += n
     _remove_dangling_shapes()
     return removed
 
 
 def maybe_gc() -> None:
-    """Collect at most once a day, after a build (never on the warm path). Never fails the build."""
-    stamp = cache_dir() / "last-gc"
+    """Collect at most once a day and hold the cache to its size cap (checked at most every few minutes), after
+    a build (never on the warm path). Never fails the build."""
     try:
-        if time.time() - stamp.stat().st_mtime < GC_INTERVAL_SECONDS:
+        if _due("last-gc", GC_INTERVAL_SECONDS):
+            removed = gc(_max_age_days(), max_bytes=_max_bytes())
+        elif _due("last-size-check", CAP_INTERVAL_SECONDS):
+            removed = enforce_size_cap(_max_bytes())
+        else:
             return
-    except OSError:
-        pass
-    try:
-        stamp.touch()
-        removed = gc(_env_number("KERNELKIT_CACHE_MAX_AGE_DAYS", DEFAULT_MAX_AGE_DAYS, "days"))
     except (OSError, CacheUnwritable) as e:
         log.warning("cache gc failed: %s", e)
         return
     if any(removed.values()):
         log.info("cache gc removed %s", removed)
+
+
+def _due(stamp_name: str, interval: float) -> bool:
+    """Whether ``interval`` seconds have passed since the stamp was last touched; touches it if so."""
+    stamp = cache_dir() / stamp_name
+    with contextlib.suppress(OSError):
+        if time.time() - stamp.stat().st_mtime < interval:
+            return False
+    stamp.touch()
+    return True
+
+
+def max_bytes() -> Optional[int]:
+    """KERNELKIT_CACHE_MAX_SIZE: the cache's size cap in bytes (None: none)."""
+    return settings.CACHE_MAX_SIZE.get()
+
+
+def _max_bytes() -> Optional[int]:
+    """:func:`max_bytes`; a bad value is reported and replaced by the default: gc never fails a build."""
+    try:
+        return max_bytes()
+    except KernelkitError as e:
+        log.warning("%s; using %d bytes", e, settings.CACHE_MAX_SIZE.default)
+        return settings.CACHE_MAX_SIZE.default
+
+
+def enforce_size_cap(limit: Optional[int], now: Optional[float] = None) -> Dict[str, int]:
+    """Remove the least recently used libraries, objects, precompiled headers, generated sources and records
+    until the cache holds at most ``limit`` bytes (None: no cap). Entries used in the last ``CAP_GRACE_SECONDS``
+    (sources: the last hour) and entries another process holds stay, even over the cap. Returns how many of
+    each kind went."""
+    removed = dict.fromkeys(KIND_DIRS, 0)
+    if limit is None:
+        return removed
+    now = time.time() if now is None else now
+    total = _du(cache_dir())
+    for used, size, kind, remove in sorted(_evictable(now), key=lambda c: c[0]):
+        if total <= limit or used > now - CAP_GRACE_SECONDS:
+            break
+        if remove():
+            total -= size
+            removed[kind] += 1
+    return removed
+
+
+def _evictable(now: float) -> List[Tuple[float, int, str, Callable[[], bool]]]:
+    """(last use, bytes, kind, remove) of every entry the size cap may take: ``remove`` leaves an entry used
+    since it was listed."""
+    def entry(kind: str, path: Path, stamp: Path, size: int, remove_if: Callable[[Callable[[], bool]], bool]):
+        used = _last_used(path, stamp)
+        return used, size, kind, lambda: remove_if(lambda: _last_used(path, stamp) > used)
+
+    def plain(path: Path) -> Callable[[Callable[[], bool]], bool]:
+        def remove_if(keep: Callable[[], bool]) -> bool:  # no lock: nothing builds into a source or record in place
+            if keep():
+                return False
+            _remove(path)
+            return True
+
+        return remove_if
+
+    found = [entry("libraries", e, e / "manifest.json", _du(e), functools.partial(_remove_library_if, e))
+             for e in subdir("lib").iterdir()]
+    for key in _object_keys():
+        obj = object_path(key)
+        size = sum(p.stat().st_size for p in (obj, obj.with_suffix(".json")) if p.is_file())
+        found.append(entry("objects", obj, obj.with_suffix(".json"), size, functools.partial(_remove_object_if, key)))
+    found += [entry("precompiled headers", r, r / PCH_META, _du(r), functools.partial(_remove_pch_if, r))
+              for r in _pch_roots()]
+    found += [entry("sources", p, p, _du(p), plain(p)) for p in subdir("src").iterdir()
+              if _last_used(p, p) < now - STALE_TMP_SECONDS]  # younger ones may belong to a live build
+    found += [entry("records", f, f, f.stat().st_size, plain(f)) for kind in _record_kinds() for f in kind.iterdir()]
+    return found
+
+
+def _max_age_days() -> float:
+    """KERNELKIT_CACHE_MAX_AGE_DAYS; a bad value is reported and replaced by the default: gc never fails a build."""
+    try:
+        return settings.CACHE_MAX_AGE_DAYS.get()
+    except KernelkitError as e:
+        log.warning("%s; using %g", e, DEFAULT_MAX_AGE_DAYS)
+        return DEFAULT_MAX_AGE_DAYS
 
 
 def clear() -> int:
@@ -864,6 +966,7 @@ def clear() -> int:
     n += _remove_unused(subdir("src"), now - STALE_TMP_SECONDS)
     n += _remove_unused(subdir("tmp"), now - STALE_TMP_SECONDS)
     n += _remove_unused(subdir("tune"), now + 1)  # autotuning winners: clear asks to start over
+    n += sum(_remove_unused(kind, now + 1) for kind in _record_kinds())
     _remove_idle_locks(now + 1)
     _remove_dangling_shapes()
     return n

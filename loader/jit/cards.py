@@ -21,6 +21,7 @@ import types
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
+from .. import settings
 from ..errors import KernelkitError, SpecError
 
 PathLike = Union[str, os.PathLike]
@@ -37,8 +38,7 @@ def search_path(kernels_dir: Optional[Union[PathLike, Sequence[PathLike]]] = Non
     if kernels_dir is not None:
         dirs = [kernels_dir] if isinstance(kernels_dir, (str, os.PathLike)) else list(kernels_dir)
         return [Path(d).expanduser().resolve() for d in dirs]
-    env = [Path(p).expanduser().resolve() for p in os.environ.get("KERNELKIT_PATH", "").split(os.pathsep) if p]
-    return env + [builtin_dir()]
+    return [p.resolve() for p in settings.KERNELS_PATH.get()] + [builtin_dir()]
 
 
 # ------------------------------------------------------------------------------------ running a spec

@@ -7,10 +7,11 @@ are then rebound (``on_ready``). Anything it cannot do falls back to the op's to
 build (no compiler, no Python headers), an op whose schema has argument types it does not convert, or a
 call it does not handle (tensor subclasses, modes, tracing).
 
-``KERNELKIT_FASTCALL=0`` turns it off. Unset, a cached or prebuilt module is always loaded, but a missing
-one is built in the background only with ``MIN_BUILD_CPUS`` or more CPUs: the 10-14 s compile would
-compete with the user's work on a small machine and is often thrown away with a short-lived process.
-``KERNELKIT_FASTCALL=1`` builds it in the background whatever the CPU count; ``module()`` always does.
+``KERNELKIT_FASTCALL=off`` (or ``KERNELKIT_FAST=off``) turns it off. Unset, a cached or prebuilt module is
+always loaded, but a missing one is built in the background only with ``MIN_BUILD_CPUS`` or more CPUs: the
+10-14 s compile would compete with the user's work on a small machine and is often thrown away with a
+short-lived process. ``KERNELKIT_FASTCALL=on`` builds it in the background whatever the CPU count;
+``module()`` always does.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Callable, List, Optional
 
 import torch
 
+from .. import settings
 from . import build as _build
 from . import obtain, progress, sources
 from .library import import_extension
@@ -32,7 +34,7 @@ MODULE_NAME = "_kernelkit_fastcall"
 SOURCE = sources.CSRC / "fastcall.cpp"
 AOT_NAME = "fastcall"  # its name among the AOT targets (python -m kernelkit.aot fastcall)
 
-MIN_BUILD_CPUS = 4  # fewer CPUs: no background build unless KERNELKIT_FASTCALL=1 asks for one
+MIN_BUILD_CPUS = 4  # fewer CPUs: no background build unless KERNELKIT_FASTCALL=on asks for one
 
 _LOCK = threading.Lock()  # building/loading the module
 _START = threading.Lock()  # starting the background thread that does it
@@ -41,14 +43,14 @@ _ON_READY: List[Callable[[], None]] = []
 
 
 def enabled() -> bool:
-    """``KERNELKIT_FASTCALL`` is not ``0`` (read whenever an op is wrapped)."""
-    return os.environ.get("KERNELKIT_FASTCALL", "") != "0"
+    """Whether the fast call path is on (read whenever an op is wrapped)."""
+    return settings.fast_path("fastcall")
 
 
 def background_build_pays() -> bool:
-    """Whether a background build of a missing module is worth it here: asked for (``KERNELKIT_FASTCALL=1``)
+    """Whether a background build of a missing module is worth it here: asked for (``KERNELKIT_FASTCALL=on``)
     or enough CPUs to compile beside the user's work."""
-    if os.environ.get("KERNELKIT_FASTCALL", "") == "1":
+    if settings.FASTCALL.get() == "on":
         return True
     return (os.cpu_count() or 1) >= MIN_BUILD_CPUS
 
@@ -99,7 +101,7 @@ def _background() -> None:
         fresh = True
     if fresh and not background_build_pays():
         log.info("kernelkit: not building the fast call module in the background on %s CPU(s) (set "
-                 "KERNELKIT_FASTCALL=1 to); kernelkit.ops calls go through torch.ops", os.cpu_count())
+                 "KERNELKIT_FASTCALL=on to); kernelkit.ops calls go through torch.ops", os.cpu_count())
         return
     if fresh:
         progress.say("building kernelkit's fast call module in the background (once per torch version)")

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from .. import replace_file
+from .. import replace_file, settings
 from ..errors import BuildError, KernelkitError
 from ..instant import signature
 from . import cache, keys, sources
@@ -161,7 +161,8 @@ def arch_for(arch) -> str:
             raise KernelkitError(f"arch: expected one CUDA arch such as '9.0' or 'sm_90' (a cubin holds one), "
                                  f"got {arch!r}")
         return archs[0]
-    listed = _parse_archs(os.environ["KERNELKIT_ARCH"], "KERNELKIT_ARCH") if os.environ.get("KERNELKIT_ARCH") else []
+    env = settings.ARCH.get()
+    listed = _parse_archs(env, settings.ARCH.name) if env else []
     if len(listed) == 1:
         return listed[0]
     here = _gpu_arch()

@@ -24,6 +24,7 @@ import stat
 from pathlib import Path
 from typing import Iterable, List, Optional, Sequence, Set, Tuple
 
+from .. import settings
 from ..errors import CacheSecurityError, KernelkitError
 from . import keys, shards, toolchain
 from .progress import say
@@ -31,7 +32,6 @@ from .sources import digest_tree, sha256_file
 
 log = logging.getLogger("kernelkit")
 
-PREBUILT_ENV = "KERNELKIT_PREBUILT_PATH"
 PACKAGE_PREBUILT = Path(__file__).resolve().parent.parent / "prebuilt"
 MANIFEST = "manifest.json"
 FORMAT = "kernelkit-prebuilt-1"
@@ -61,8 +61,10 @@ def split_flags(flags: Sequence[str]) -> Tuple[List[str], List[str], List[str]]:
 
 def key_ldflags(ldflags: Sequence[str]) -> List[str]:
     """Link flags without the machine's library paths (torch's libraries are named by -l and versioned
-    by the torch version in the key)."""
-    return [f for f in ldflags if not f.startswith(("-L", "-Wl,-rpath"))]
+    by the torch version in the key), cudart named one way: a toolkit with no unversioned libcudart.so (NVIDIA's
+    wheels) is linked with -l:libcudart.so.<major>, which links the same library as -lcudart."""
+    return ["-lcudart" if re.fullmatch(r"-l:libcudart\.so\.\d+", f) else f
+            for f in ldflags if not f.startswith(("-L", "-Wl,-rpath"))]
 
 
 def portable_fingerprint() -> List[str]:
@@ -120,8 +122,7 @@ def covers(have: Iterable[str], want: Iterable[str]) -> bool:
 def prebuilt_dirs() -> List[Path]:
     """KERNELKIT_PREBUILT_PATH (in order), then the installed package's prebuilt directory: those that
     exist and are trusted (see ``_trusted_owners``); an untrusted one is skipped with a warning."""
-    env = [Path(p).expanduser() for p in os.environ.get(PREBUILT_ENV, "").split(os.pathsep) if p]
-    return [d for d in env + [PACKAGE_PREBUILT] if _trusted_dir(d)]
+    return [d for d in [*settings.PREBUILT_PATH.get(), PACKAGE_PREBUILT] if _trusted_dir(d)]
 
 
 def _trusted_owners(root: Path) -> Set[int]:
@@ -148,7 +149,7 @@ def _trusted_dir(root: Path) -> bool:
         return True
     _warn_once(root, f"ignoring prebuilt directory {root}: it is owned by uid {st.st_uid}, not by you (uid "
                f"{os.getuid()}) or root, and loading its libraries would run their code. Use a directory of your "
-               f"own in {PREBUILT_ENV}.")
+               f"own in {settings.PREBUILT_PATH.name}.")
     return False
 
 
@@ -209,6 +210,8 @@ def _what_differs(manifest: dict) -> str:
 def find_prebuilt(target) -> Optional[Path]:
     """The prebuilt .so for ``target`` (a planned ``build.Target``) if one matches its source key and
     covers its CUDA archs; None otherwise (the caller builds with JIT). Never writes, never locks."""
+    if not settings.fast_path("prebuilt"):
+        return None
     candidates = []
     for root in prebuilt_dirs():
         try:

@@ -2,18 +2,16 @@
 updating display), or as plain start/end lines in logs. KERNELKIT_VERBOSE=0 silences it."""
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
 from typing import List, Optional
 
+from .. import settings
+
 
 def verbosity() -> int:
-    try:
-        return int(os.environ.get("KERNELKIT_VERBOSE", "1"))
-    except ValueError:
-        return 1
+    return settings.VERBOSE.get()
 
 
 def _notebook_display():

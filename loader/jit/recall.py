@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Set
 
-from .. import replace_file
+from .. import replace_file, settings
 from ..errors import CacheSecurityError
 from . import build as _build
 from . import cache, keys, sources, syntax, toolchain
@@ -52,9 +52,11 @@ def call_key(name: str, paths: Sequence[Path], flags_by_kind: Dict[str, List[str
              pymodule: Optional[str], standalone: bool) -> str:
     """Everything a torch-style plan derives its target from, besides the files it reads."""
     compilers = [toolchain.fingerprint()] + ([toolchain.nvcc_fingerprint()] if "cu" in flags_by_kind else [])
-    # kernelkit's own settings too (a build strategy chosen by one changes unit keys): a new one plans in full
-    settings = sorted(f"{k}={os.environ[k]}" for k in os.environ if k.startswith("KERNELKIT_") or k in _ENV)
-    parts = [SCHEMA, name, *compilers, os.getcwd(), *settings,
+    # the settings that can change a build too (a build strategy chosen by one changes unit keys): another
+    # value plans in full, while one that changes nothing built (KERNELKIT_VERBOSE) keeps the record
+    environment = [f"{k}={os.environ[k]}" for k in _ENV if k in os.environ]
+    environment += [f"{k}={v!r}" for k, v in settings.build_environment()]
+    parts = [SCHEMA, name, *compilers, os.getcwd(), *environment,
              json.dumps(flags_by_kind, sort_keys=True), "\0".join(ldflags), str(pymodule), str(standalone),
              *map(str, paths)]
     return sha256_bytes(*[p.encode() for p in parts])

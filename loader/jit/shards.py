@@ -17,14 +17,13 @@ import os
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
-from ..errors import KernelkitError
+from .. import settings
 from . import syntax
 from .sources import INCLUDE
 
 SHARDS = 4  # float, double, __half, __nv_bfloat16: the order of KK_INSTANTIATE_FLOATING
 MIN_CPUS = 4  # fewer cores: four compiles of one file take longer than one
 DEFINE = "KERNELKIT_DTYPE_SHARD"
-ENV = "KERNELKIT_DTYPE_SHARDS"
 
 #: the macros that expand only the shard's dtype (a call of one is what a shard is for)
 SHARDED_MACROS = frozenset({
@@ -45,11 +44,9 @@ _DEVICE_STORAGE = {b"__device__", b"__constant__", b"__managed__", b"__shared__"
 def count(kind: str, uses_torch: bool, text: str, deps: Sequence[Path], flags: Sequence[str], digest: str) -> int:
     """How many TUs to compile a unit as: SHARDS where it can be sharded and sharding pays here, else 1.
     ``digest``: the unit's text and what it includes, by content (a warm load reads no header again)."""
-    setting = os.environ.get(ENV, "auto").strip().lower() or "auto"
-    if setting not in ("auto", "0", "1", str(SHARDS)):
-        raise KernelkitError(f"{ENV}={setting!r}: expected auto, 0 (never shard) or {SHARDS} (shard wherever "
-                             "a file can be)")
-    if setting in ("0", "1") or setting == "auto" and (os.cpu_count() or 1) < MIN_CPUS:
+    if not settings.fast_path("dtype_shards"):
+        return 1
+    if settings.DTYPE_SHARDS.get() == "auto" and (os.cpu_count() or 1) < MIN_CPUS:
         return 1
     if kind != "cu" or uses_torch or any(DEFINE in f or "KERNELKIT_BINDING" in f for f in flags):
         return 1

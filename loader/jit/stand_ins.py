@@ -8,7 +8,7 @@ stand-in link of the same objects proved to give the same dynamic interface as t
 needed libraries, dynamic symbols with types and versions, relocations by type and symbol, section sizes),
 and only while every object they link references nothing the stand-ins were not made for. The bytes differ
 (the linker lays out its tables in the order of its symbol hash), the interface does not.
-KERNELKIT_LINK_STAND_INS=0 turns them off.
+KERNELKIT_LINK_STAND_INS=off (or KERNELKIT_FAST=off) turns them off.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import threading
 from pathlib import Path
 from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
+from .. import settings
 from . import cache, reaper, toolchain
 
 log = logging.getLogger("kernelkit")
@@ -55,7 +56,7 @@ _DIR: List[Path] = []
 
 
 def enabled() -> bool:
-    return os.environ.get("KERNELKIT_LINK_STAND_INS", "") != "0" and shutil.which("nm") is not None \
+    return settings.fast_path("link_stand_ins") and shutil.which("nm") is not None \
         and shutil.which("readelf") is not None
 
 

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from .. import replace_file
+from .. import replace_file, settings
 from ..errors import KernelkitError
 from ..version import __version__
 from . import cache
@@ -59,15 +59,35 @@ def cxx() -> str:
 
 @functools.lru_cache(maxsize=None)
 def nvcc() -> str:
-    env = os.environ.get("KERNELKIT_NVCC")
+    env = settings.NVCC.get()
     home = facts()["cuda_home"]
     candidates = [lambda: env, lambda: home and os.path.join(home, "bin", "nvcc"), lambda: shutil.which("nvcc")]
     for candidate in candidates:  # PATH is searched only when the others fail (a warm load keys nvcc)
         c = candidate()
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
-            return c
-    raise KernelkitError(f"nvcc not found: install the CUDA toolkit or {pip_toolkit_advice()}, or set KERNELKIT_NVCC "
-                         "or CUDA_HOME")
+            return str(c)
+    bare = facts().get("cuda_home_without_nvcc")
+    where = f": {bare} is a CUDA directory without bin/nvcc (a CUDA runtime, not the toolkit)" if bare else ""
+    raise KernelkitError(f"nvcc not found{where}: install the CUDA toolkit or {pip_toolkit_advice()}, or set "
+                         "KERNELKIT_NVCC or CUDA_HOME")
+
+
+def has_nvcc(home: Optional[str]) -> bool:
+    """Whether the CUDA directory ``home`` holds a compiler (a CUDA runtime image has the directory, not nvcc)."""
+    return bool(home) and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK)
+
+
+def choose_cuda_home(system: Optional[str]) -> "tuple[Optional[str], Optional[str]]":
+    """(the CUDA toolkit to build with, a CUDA directory passed over or lacking nvcc): ``system`` (torch's
+    CUDA_HOME) where it holds nvcc, else a toolkit from PyPI where one is installed, else ``system``."""
+    if has_nvcc(system):
+        return system, None
+    pip = pip_cuda_home()
+    if pip is not None:
+        if system:
+            log.info("kernelkit: %s has no bin/nvcc; compiling with the CUDA toolkit from PyPI at %s", system, pip)
+        return pip, system
+    return system, system
 
 
 def pip_toolkit_advice() -> str:
@@ -126,7 +146,7 @@ def launcher() -> List[str]:
     """Optional compiler launcher (ccache, sccache, a wrapper): prefixes every compile, not in the key."""
     import shlex  # not needed by a warm start
 
-    return shlex.split(os.environ.get("KERNELKIT_COMPILER_LAUNCHER", ""))
+    return shlex.split(settings.COMPILER_LAUNCHER.get())
 
 
 def torch_has_cuda() -> bool:
@@ -164,10 +184,11 @@ def _compute_facts() -> Dict[str, object]:
         warnings.simplefilter("ignore")
         # torch writes them escaped for a shell/ninja line (-DX=\\"_gcc\\"); we pass argv directly
         pybind = [f.replace('\\"', '"') for f in abi()] if abi else []
-    home = ce.CUDA_HOME or pip_cuda_home()
+    home, bare = choose_cuda_home(ce.CUDA_HOME)
     include_cuda, lib_cuda = _cuda_paths(ce, home) if torch_has_cuda() else ([], [])
     return {
         "cuda_home": home,
+        "cuda_home_without_nvcc": bare,
         "include_cpu": _paths(ce.include_paths, "cpu"),
         "include_cuda": include_cuda,
         "lib_cpu": _paths(ce.library_paths, "cpu"),
@@ -180,10 +201,15 @@ def _compute_facts() -> Dict[str, object]:
     }
 
 
-def _same_toolkit(recorded: Optional[str]) -> bool:
-    """Whether recorded facts still name the toolkit there is: the one recorded still exists, and where none
-    was, none has been installed from PyPI since (only that case pays for looking)."""
-    return os.path.isdir(recorded) if recorded else pip_cuda_home() is None
+def _same_toolkit(stored: Dict[str, object]) -> bool:
+    """Whether recorded facts still name the toolkit there is (installing or removing NVIDIA's wheels, or a
+    system toolkit, changes no environment variable): the one recorded still has its nvcc and the directory
+    passed over for it still has none; where none had nvcc, none has been installed from PyPI since (only
+    that case pays for looking)."""
+    home, bare = stored["cuda_home"], stored["cuda_home_without_nvcc"]
+    if has_nvcc(home):
+        return not has_nvcc(bare)
+    return (home is None or os.path.isdir(home)) and pip_cuda_home() is None
 
 
 def _cuda_paths(ce, home: Optional[str]):
@@ -250,10 +276,10 @@ def facts() -> Dict[str, object]:
     (it imports setuptools) costs ~0.2 s, so a warm load reads them from a small file in the cache,
     keyed by everything they depend on."""
     env = [os.environ.get(v, "") for v in ("CUDA_HOME", "CUDA_PATH", "PATH", "ROCM_HOME")]
-    key = hashlib.sha256("\0".join(["facts-v6", sys.prefix, torch.__file__, torch.__version__, *env]).encode()).hexdigest()[:24]
+    key = hashlib.sha256("\0".join(["facts-v7", sys.prefix, torch.__file__, torch.__version__, *env]).encode()).hexdigest()[:24]
     path = cache.cache_dir() / f"toolchain-{key}.json"
     lists = ("include_cpu", "include_cuda", "lib_cpu", "lib_cuda", "nvcc_flags", "pybind_flags")
-    optional = ("cuda_home", "cuda_toolkit_version")
+    optional = ("cuda_home", "cuda_home_without_nvcc", "cuda_toolkit_version")
     try:
         stored = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -263,7 +289,7 @@ def facts() -> Dict[str, object]:
             and isinstance(stored.get("python_include"), str)
             and all(isinstance(stored.get(k), list) and all(isinstance(x, str) for x in stored[k]) for k in lists)
             and all(k in stored and (stored[k] is None or isinstance(stored[k], str)) for k in optional)
-            and _same_toolkit(stored["cuda_home"])):
+            and _same_toolkit(stored)):
         return stored
     found = _compute_facts()
     with contextlib.suppress(OSError):  # a read-only cache still works, just slower
@@ -359,9 +385,19 @@ def fingerprint() -> str:
     return "\n".join(parts)
 
 
+#: what nvcc reads from the environment that changes what it builds
+NVCC_ENVIRONMENT = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN")
+
+
 @functools.lru_cache(maxsize=None)
-def nvcc_fingerprint() -> str:
+def _nvcc_identity() -> str:
     return f"nvcc={_identity(nvcc)}"
+
+
+def nvcc_fingerprint() -> str:
+    """nvcc's identity and the environment it reads (its flags there change every object it makes)."""
+    env = ";".join(f"{k}={os.environ[k]}" for k in NVCC_ENVIRONMENT if k in os.environ)
+    return _nvcc_identity() + (f";{env}" if env else "")
 
 
 # -------------------------------------------------------------------------------------------- arch list
@@ -394,7 +430,7 @@ def arch_list(explicit: "str | Sequence[str] | None" = None, no_gpu: Sequence[st
     """Argument > KERNELKIT_ARCH > TORCH_CUDA_ARCH_LIST > the current device > ``no_gpu`` (no GPU visible;
     ``()`` builds nothing there)."""
     global _warned_no_gpu
-    for source in (explicit, os.environ.get("KERNELKIT_ARCH"), os.environ.get("TORCH_CUDA_ARCH_LIST")):
+    for source in (explicit, settings.ARCH.get(), os.environ.get("TORCH_CUDA_ARCH_LIST")):
         if source:
             return parse_arch_list(source)
     if torch.cuda.is_available():

@@ -1,19 +1,20 @@
 """The front door: ``load`` and ``load_inline`` (cards, torch-style extensions, kernelkit's inline cells),
 ``library`` (the current build of a name, for hot paths) and hot reload (``reload``, ``refresh``,
 ``autoreload``). ``load``/``load_inline`` take torch.utils.cpp_extension's arguments, positional ones in the
-order of the torch installed, and return what torch returns for torch's forms."""
+order of the torch installed, and return what torch returns for torch's forms. Importing this package imports no
+torch: a call's arguments are checked first, so a mistake is answered at once, not after torch's import."""
 from __future__ import annotations
 
 import functools
 import logging
-from typing import Dict, List
+from typing import TYPE_CHECKING, Dict, List
 
 from ..errors import KernelkitError
-from ..jit import registry
-from ..jit.library import Library
 from ..jit.progress import say
-from . import arguments, cards, extensions, inline
-from .opening import BuildInfo
+from . import arguments
+
+if TYPE_CHECKING:
+    from ..jit.library import Library
 
 __all__ = ["BuildInfo", "autoreload", "library", "load", "load_inline", "refresh", "reload"]
 
@@ -60,6 +61,8 @@ def load(name, *args, **kwargs):
     """
     a = arguments.bind("load", args, kwargs)
     _prepare(a)
+    from . import cards, extensions  # torch, once the arguments are known to be good
+
     if a.get("sources") is not None:
         return extensions.load(name, a)
     return cards.load(name, a)
@@ -84,12 +87,18 @@ def load_inline(name, *args, **kwargs):
     a = arguments.bind("load_inline", args, kwargs)
     _prepare(a)
     if a.get("cuda") is None and a.get("cpp") is None:
+        from . import extensions  # torch, once the arguments are known to be good
+
         return extensions.load_inline(name, a)
+    arguments.check_inline(name, a)
+    from . import inline
+
     return inline.load(name, a)
 
 
 def _prepare(a: dict) -> None:
     arguments.refuse_sycl(a)
+    arguments.build_flags(a)  # their types and quoting
     if a.get("verbose"):  # torch's verbose=True: kernelkit's build details on the log
         logging.basicConfig()
         log.setLevel(logging.DEBUG)
@@ -98,6 +107,8 @@ def _prepare(a: dict) -> None:
 def library(name: str) -> Library:
     """The current loaded build of ``name``, loading it on first use. No freshness check: cheap enough for
     every call of an op. Use :func:`load` or :func:`refresh` to pick up edits."""
+    from ..jit import registry
+
     lib = registry.latest(name)
     return lib if lib is not None else load(name)
 
@@ -117,6 +128,8 @@ def refresh() -> List[str]:
     """Reload every card loaded in this process whose sources changed; returns the names reloaded (a card
     whose ``nvrtc_sources`` alone changed keeps its build, which gets the recompiled kernels). A card whose
     files are gone keeps its loaded build and is skipped with a one-line warning, once."""
+    from ..jit import registry
+
     changed = []
     for name, lib in registry.current().items():
         if lib.card is None:
@@ -159,3 +172,11 @@ def autoreload(enable: bool = True) -> bool:
     elif not enable and _HOOK:
         shell.events.unregister("pre_run_cell", _HOOK.pop())
     return bool(_HOOK)
+
+
+def __getattr__(name: str):
+    if name == "BuildInfo":  # with torch, on first use
+        from .opening import BuildInfo
+
+        return BuildInfo
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
+import importlib
 import inspect
 import json
 import os
@@ -13,7 +14,7 @@ import shlex
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .. import replace_file
+from .. import replace_file, settings
 
 #: kernelkit's own keywords, beside torch's
 KERNELKIT_KEYWORDS = {
@@ -41,10 +42,10 @@ SHARED_ORDER = {"load": ("sources", "extra_cflags", "extra_cuda_cflags"), "load_
 def torch_order(function: str) -> Tuple[str, ...]:
     """The parameters after ``name`` of the installed torch's ``torch.utils.cpp_extension.<function>``: from the
     module where it is imported, else from a record of it in the cache (importing it pulls in setuptools, tens
-    of milliseconds of a warm load)."""
+    of milliseconds of a warm load); KERNELKIT_FAST=off imports it."""
     module = sys.modules.get("torch.utils.cpp_extension")
-    if module is not None:
-        return _order(module, function)
+    if module is not None or not settings.fast_path("records"):
+        return _order(module or importlib.import_module("torch.utils.cpp_extension"), function)
     return _recorded_orders()[function]
 
 
@@ -85,6 +86,9 @@ def bind(function: str, positional: Sequence[Any], keywords: Dict[str, Any]) -> 
             hint = f"; did you mean {close[0]!r}?" if close else f"; it takes: name, {', '.join(accepted)}"
             raise TypeError(f"{function}() got an unexpected keyword argument {k!r}{hint}")
     bound = dict(keywords)
+    if len(positional) > len(TORCH_KEYWORDS[function]):  # more than any torch takes: no need to ask the one here
+        raise TypeError(f"{function}() takes at most {len(TORCH_KEYWORDS[function]) + 1} positional arguments "
+                        f"(name, then torch's), got {len(positional) + 1}")
     if positional:
         shared = SHARED_ORDER[function]
         order = shared if len(positional) <= len(shared) else torch_order(function)
@@ -156,6 +160,21 @@ def build_flags(args: Dict[str, Any]) -> Dict[str, List[str]]:
             "extra_cuda_cflags": flags(args.get("extra_cuda_cflags"), "extra_cuda_cflags"),
             "extra_ldflags": flags(args.get("extra_ldflags"), "extra_ldflags"),
             "extra_include_paths": paths(args.get("extra_include_paths"), "extra_include_paths")}
+
+
+def check_inline(name, args: Dict[str, Any]) -> None:
+    """``load_inline(name, cuda=..., cpp=...)``'s arguments, checked before anything is imported or planned."""
+    if args.get("cpp_sources") is not None or args.get("cuda_sources") is not None:
+        raise TypeError("load_inline(): pass either torch's cpp_sources/cuda_sources or kernelkit's cpp=/cuda=, "
+                        "not both")
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"name: expected an identifier (it names the library), got {name!r}")
+    for arg in ("cuda", "cpp"):
+        if args.get(arg) is not None and not isinstance(args[arg], str):
+            raise TypeError(f"{arg}: expected source code as a str, got {type(args[arg]).__name__}")
+    if not args.get("cuda") and not args.get("cpp"):
+        raise ValueError("load_inline needs source code: pass cuda=..., cpp=... or both")
+    only_for_extensions(args, name, "cpp_sources=/cuda_sources= (torch's form)")
 
 
 def only_for_extensions(args: Dict[str, Any], name: str, needs: str) -> None:

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List
 
+from .. import settings
 from ..jit import plan, recall
 from ..jit.distributed import joining
 from ..jit.sources import resolved
@@ -37,8 +38,8 @@ def load(name: str, args: Dict[str, Any]):
 
 def _recalled_or_planned(make_plan, python_module: bool, build_directory, do_load: bool):
     """The cached library of the plan recorded for this call when nothing it read has changed, else the full
-    plan's build (which records the plan for the next process)."""
-    target = make_plan(use_record=True)
+    plan's build (which records the plan for the next process). KERNELKIT_FAST=off: always the full plan."""
+    target = make_plan(use_record=settings.fast_path("records"))
     if isinstance(target, recall.Recalled):
         result = open_extension(target, python_module, build_directory, do_load, cached_only=True)
         if result is not None:

@@ -14,18 +14,8 @@ from .opening import open_library
 
 
 def load(name: str, args: Dict[str, Any]):
+    """The library of ``args`` (checked by :func:`arguments.check_inline`)."""
     cuda, cpp = args.get("cuda"), args.get("cpp")
-    if args.get("cpp_sources") is not None or args.get("cuda_sources") is not None:
-        raise TypeError("load_inline(): pass either torch's cpp_sources/cuda_sources or kernelkit's cpp=/cuda=, "
-                        "not both")
-    if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"name: expected an identifier (it names the library), got {name!r}")
-    for arg, val in (("cuda", cuda), ("cpp", cpp)):
-        if val is not None and not isinstance(val, str):
-            raise TypeError(f"{arg}: expected source code as a str, got {type(val).__name__}")
-    if not cuda and not cpp:
-        raise ValueError("load_inline needs source code: pass cuda=..., cpp=... or both")
-    arguments.only_for_extensions(args, name, "cpp_sources=/cuda_sources= (torch's form)")
     if cpp:
         plan.refuse_device_code(cpp, "cpp", instead="cuda=")
     flags = arguments.build_flags(args)
