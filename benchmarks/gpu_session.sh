@@ -2,6 +2,7 @@
 # The GPU host run, in two phases that fit the device tool's 10-minute calls:
 #   bash benchmarks/gpu_session.sh test    # install, build every card, the GPU test suite
 #   bash benchmarks/gpu_session.sh bench   # kernelkit run + loader benchmarks; bench2: diffusion + triton cross-check
+#   bash benchmarks/gpu_session.sh split   # the split's differential corpus against torch's builds (+ probes)
 # Wheels the host lacks travel in .whl/ (see the device docs); results go under $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/kk-out}
@@ -27,6 +28,14 @@ test)
 bench)
   /usr/bin/time -f "kernelkit run wall time: %e s" timeout ${RUN_TIMEOUT:-330} python3 -m kernelkit run --out "$OUT/run" 2>&1 | tail -45
   timeout ${LB_TIMEOUT:-240} python3 benchmarks/loader_bench.py --repeat ${LOADER_REPEAT:-2} --json "$OUT/loader_bench.json" 2>&1 | tail -12
+  ;;
+split)
+  nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
+  for root in ${SC_ROOTS:-tests/fixtures/split_corpus}; do
+    name=$(basename "$root")
+    timeout ${SC_TIMEOUT:-540} python3 benchmarks/split_corpus.py --root "$root" --torch-steps ${SC_TORCH:-original} \
+      --jobs ${SC_JOBS:-12} --work "/tmp/kk-sc-$name" --out "$OUT/$name.json" ${SC_ARGS:-} 2>&1 | tee "$OUT/$name.txt" | tail -70
+  done
   ;;
 bench2)
   PYTHONPATH=examples:$PYTHONPATH timeout ${DB_TIMEOUT:-300} python3 -m diffusion_policy.bench --json "$OUT/diffusion_bench.json" ${DB_ARGS:-} 2>&1 | tail -40

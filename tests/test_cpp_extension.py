@@ -153,6 +153,15 @@ def test_load_inline_torch_order_matches_torch(inline_pair):
             module.twice(torch.tensor(1.0))
 
 
+def _torchs_text(text: str, name: str, file: str) -> str:
+    """``text`` less its first line, which must name the file torch's load_inline writes (messages cite it)."""
+    first, _, rest = text.partition("\n")
+    cited = first.removeprefix('#line 1 "').removesuffix('"')
+    assert first == f'#line 1 "{cited}"' and Path(cited).is_absolute(), first
+    assert Path(cited).parts[-2:] == (name, file) and Path(cited).parent.parent.name.startswith("py"), first
+    return rest
+
+
 @pytest.mark.parametrize("functions, expected", [
     ("twice", {"twice": "twice"}),
     (["twice", "count"], {"twice": "twice", "count": "count"}),
@@ -160,7 +169,7 @@ def test_load_inline_torch_order_matches_torch(inline_pair):
 ])
 def test_functions_forms_generate_torchs_bindings(functions, expected):
     target = plan.plan_torch_inline("kk_forms", [INLINE_CPP_A, INLINE_CPP_B], None, functions)
-    main = target.units[0].path.read_text()
+    main = _torchs_text(target.units[0].path.read_text(), "kk_forms", "main.cpp")
     assert main.startswith("#include <torch/extension.h>\n")
     assert "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)" in main
     for name, doc in expected.items():
@@ -189,7 +198,7 @@ def test_torch_inline_cuda_sources_get_torchs_headers():
     target = plan.plan_torch_inline("kk_cu_plan", "torch::Tensor f(torch::Tensor x);", "__global__ void k() {}",
                                     "f", arch="9.0")
     cu = next(u for u in target.units if u.kind == "cu")
-    head = cu.path.read_text().splitlines()[:3]
+    head = _torchs_text(cu.path.read_text(), "kk_cu_plan", "cuda.cu").splitlines()[:3]
     assert head == ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"]
     assert "arch=compute_90,code=sm_90" in cu.flags and "-DTORCH_API_INCLUDE_EXTENSION_H" in cu.flags
     assert target.with_cuda and "-lcudart" in target.ldflags and "-ltorch_python" in target.ldflags

@@ -180,6 +180,13 @@ def _device_tus():
     return out
 
 
+def _torch_includes():
+    """The split's device prelude reads c10's macros, as the split's own device compile finds them."""
+    from torch.utils.cpp_extension import include_paths
+
+    return [f"-I{p}" for p in include_paths()]
+
+
 def _edited(text: str) -> str:
     """``text`` with a statement added at the start of its first kernel's body, on the same line."""
     raw = text.encode()
@@ -194,7 +201,7 @@ def test_swapped_device_code_gives_the_object_a_full_compile_gives(device_tu, tm
     edited = _edited(device_tu)
     assert _shape(edited) == _shape(device_tu) is not None
     flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo", "-Xcompiler", "-fPIC",
-             "-gencode", "arch=compute_90,code=sm_90", f"-I{CORPUS}"]
+             "-gencode", "arch=compute_90,code=sm_90", f"-I{CORPUS}", *_torch_includes()]
     for name, text in (("old", device_tu), ("new", edited)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "k.device.cu").write_text(text)
@@ -308,7 +315,7 @@ def test_an_edit_during_a_device_only_rebuild_is_not_cached(tmp_path, capsys, mo
     src = tmp_path / "k.cu"
     src.write_text(base)
     _load(src, capsys)
-    real = build._run
+    real = build.run_tool
 
     def edit_while_compiling(cmd, what, target, counter):
         out = real(cmd, what, target, counter)
@@ -316,7 +323,7 @@ def test_an_edit_during_a_device_only_rebuild_is_not_cached(tmp_path, capsys, mo
             src.write_text(KERNEL.replace("2.0f * x", "8.0f * x"))
         return out
 
-    monkeypatch.setattr(build, "_run", edit_while_compiling)
+    monkeypatch.setattr(build, "run_tool", edit_while_compiling)
     src.write_text(KERNEL.replace("2.0f * x", "7.0f * x"))
     with pytest.raises(SourcesChanged, match="changed while it was being compiled"):
         _load(src, capsys)

@@ -360,10 +360,10 @@ def test_truncated_pch_is_not_used_and_is_rebuilt(pch_on, tmp_path):
     gch.write_bytes(b"P" * 4096)
     (root / "pch.json").write_text(json.dumps({"file": "kernelkit/binding.h.gch", "size": 4096,
                                                "sha256": sha256_file(gch)}))
-    assert build._pch_flags(unit) == [f"-I{root}", "-Winvalid-pch"]  # intact: used
+    assert build.pch_flags(unit) == [f"-I{root}", "-Winvalid-pch"]  # intact: used
     gch.write_bytes(b"P" * 100)  # truncated
     builds = build.STATS["pch_builds"]
-    assert build._pch_flags(unit) == []
+    assert build.pch_flags(unit) == []
     assert not gch.exists() and build.STATS["pch_builds"] == builds + 1
 
 
@@ -376,17 +376,17 @@ def test_killed_pch_builder_leaves_no_claim_or_partial_file(pch_on, tmp_path, ca
     partial.write_bytes(b"half")
     builds = build.STATS["pch_builds"]
     monkeypatch.setattr(build, "_PCH_ANNOUNCED", False, raising=False)
-    assert build._pch_flags(unit) == []
+    assert build.pch_flags(unit) == []
     assert not partial.exists() and build.STATS["pch_builds"] == builds + 1
     deadline = time.time() + 30
     while (held := cache.try_flock(root / "building")) is None:  # the started builder holds it until it exits
         assert time.time() < deadline
         time.sleep(0.05)
     try:  # a live builder (now us): nobody starts a second one
-        assert build._pch_flags(unit) == [] and build.STATS["pch_builds"] == builds + 1
+        assert build.pch_flags(unit) == [] and build.STATS["pch_builds"] == builds + 1
     finally:
         os.close(held)
-    build._pch_flags(unit)
+    build.pch_flags(unit)
     assert capfd.readouterr().err.count("building a precompiled header") == 1  # announced once per process
 
 
@@ -944,15 +944,15 @@ def test_archive_edited_after_planning_or_during_the_link_is_not_cached(cache_ro
     if when == "after planning":
         _archive(archive, 2)
     else:
-        real_run = build._run
+        real_run = build.run_tool
 
-        def run(cmd, what, *args):  # the edit lands while the linker runs
-            out = real_run(cmd, what, *args)
+        def run(cmd, what, *args, **kwargs):  # the edit lands while the linker runs
+            out = real_run(cmd, what, *args, **kwargs)
             if what.startswith("linking"):
                 _archive(archive, 2)
             return out
 
-        monkeypatch.setattr(build, "_run", run)
+        monkeypatch.setattr(build, "run_tool", run)
     with pytest.raises(SourcesChanged, match=f"libg.a\\) changed {'after planning' if when == 'after planning' else 'while'}"):
         build.build(target)
     assert cache.verified_library("f", target.key) is None

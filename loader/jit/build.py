@@ -22,9 +22,10 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
+from .. import settings
 from ..diagnostics import parse_diagnostics
 from ..errors import BuildError, KernelkitError, SourcesChanged
-from . import cache, keys, reaper, sources, stand_ins, toolchain
+from . import cache, keys, reaper, sources, stand_ins, syntax, toolchain
 from .progress import Status, say
 from .sources import INCLUDE, digest_tree, scan_includes, sha256_file
 
@@ -32,7 +33,7 @@ log = logging.getLogger("kernelkit")
 
 #: counters a test (or a curious user) can read: how many compiler/linker processes this process ran
 STATS = {"compiles": 0, "links": 0, "joins": 0, "pch_builds": 0, "pch_used": 0, "pch_rejected": 0,
-         "device_rebuilds": 0, "stand_in_links": 0}
+         "device_rebuilds": 0, "stand_in_links": 0, "proofs": 0, "binds": 0}
 _STATS_LOCK = threading.Lock()  # builds run in threads (autotune, a card's units): `+=` on a dict is not atomic
 
 
@@ -171,7 +172,7 @@ def target_key(name: str, units: Sequence[Unit], ldflags: Sequence[str]) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- running
-class _Children:
+class Children:
     """The compiler process groups one build is running, so an interrupted build can end them at once."""
 
     def __init__(self) -> None:
@@ -203,7 +204,7 @@ class _BuildState:
     """What one build() keeps while it runs: its compilers, and a private dir where the objects to link
     are pinned (hard-linked), so a gc or clear of obj/ in another process cannot pull one from under it."""
 
-    children: _Children
+    children: Children
     pins: Path
     #: precompiled headers a compile wanted, to be built once this build is done (a machine of few cores)
     pch_later: List[Tuple[Path, str, List[str]]] = dataclasses.field(default_factory=list)
@@ -214,8 +215,8 @@ _BUILDS: Dict[int, _BuildState] = {}  # id(target) -> its running build
 
 @contextlib.contextmanager
 def _build_state(target: Target) -> Iterator[_BuildState]:
-    with _private_dir(f"pins-{target.name}-") as pins:
-        _BUILDS[id(target)] = _BuildState(_Children(), pins)
+    with private_dir(f"pins-{target.name}-") as pins:
+        _BUILDS[id(target)] = _BuildState(Children(), pins)
         try:
             yield _BUILDS[id(target)]
         finally:
@@ -223,7 +224,7 @@ def _build_state(target: Target) -> Iterator[_BuildState]:
 
 
 @contextlib.contextmanager
-def _private_dir(prefix: str) -> Iterator[Path]:
+def private_dir(prefix: str) -> Iterator[Path]:
     """A private dir in the cache's tmp/ for one step of a build, removed after it (a no-op when it was
     renamed into the cache), or by the watchdog if this process dies first."""
     path = cache.private_tmpdir(prefix)
@@ -253,11 +254,13 @@ def _spawn(cmd: List[str]) -> subprocess.Popen:
     return proc
 
 
-def _run(cmd: List[str], what: str, target: Target, counter: str) -> str:
+def run_tool(cmd: List[str], what: str, target: Target, counter: str, children: Optional["Children"] = None) -> str:
+    """Run a compiler or binutils tool for ``target``'s build (ended with it if interrupted, or with ``children``
+    when given); a failure raises BuildError with its diagnostics in the user's terms."""
     _count(counter)
     log.debug("running: %s", " ".join(cmd))
     state = _BUILDS.get(id(target))
-    children = state.children if state else _Children()
+    children = children or (state.children if state else Children())
     proc = _spawn(cmd)
     children.add(proc)
     try:
@@ -306,13 +309,13 @@ def _link_once(target: Target, cmd: List[str]) -> None:
     fast = stand_ins.command(target.name, target.ldflags, cmd, objects)
     if fast is not None:
         try:
-            _run(fast, what, target, "links")
+            run_tool(fast, what, target, "links")
             _count("stand_in_links")
             return
         except BuildError:
             log.debug("the link against stand-ins failed: linking for real, which says what is wrong")
     if not stand_ins.wants_recipe(target.name, target.ldflags):
-        _run(cmd, what, target, "links")
+        run_tool(cmd, what, target, "links")
         return
     scratch = _BUILDS[id(target)].pins
     try:
@@ -320,11 +323,11 @@ def _link_once(target: Target, cmd: List[str]) -> None:
     except (OSError, subprocess.SubprocessError):
         trace = []
     try:
-        output = _run(cmd + trace, what, target, "links")
+        output = run_tool(cmd + trace, what, target, "links")
     except BuildError:
         if not trace:
             raise
-        _run(cmd, what, target, "links")  # the error without the trace's lines (or a link that passes now)
+        run_tool(cmd, what, target, "links")  # the error without the trace's lines (or a link that passes now)
         return
     if trace:
         stand_ins.make_recipe_later(target.name, target.ldflags, cmd, objects, Path(cmd[cmd.index("-o") + 1]), output)
@@ -380,15 +383,15 @@ _PCH_FAILED = re.compile(r"reading precompiled header|PCH file")
 
 
 def pch_enabled() -> bool:
-    """KERNELKIT_PCH=0 turns the precompiled header off; it is on with gcc otherwise."""
-    return os.environ.get("KERNELKIT_PCH", "") != "0" and toolchain.is_gcc()
+    """KERNELKIT_PCH=off (or KERNELKIT_FAST=off) turns the precompiled header off; it is on with gcc otherwise."""
+    return settings.fast_path("pch") and toolchain.is_gcc()
 
 
 def _pch_at_once() -> bool:
-    """Whether a missing PCH is built as soon as a compile wants it: with 4 cores or more, or KERNELKIT_PCH=1.
+    """Whether a missing PCH is built as soon as a compile wants it: with 4 cores or more, or KERNELKIT_PCH=on.
     Otherwise once the build that wanted it is done, niced: its ~25 s of a core would slow a small machine's
     build, and a host edit comes minutes later."""
-    return os.environ.get("KERNELKIT_PCH", "") == "1" or (os.cpu_count() or 1) >= PCH_AT_ONCE_CPUS
+    return settings.PCH.get() == "on" or (os.cpu_count() or 1) >= PCH_AT_ONCE_CPUS
 
 
 def _pch_plan(unit: Unit) -> Tuple[Path, str, List[str]]:
@@ -399,16 +402,23 @@ def _pch_plan(unit: Unit) -> Tuple[Path, str, List[str]]:
 
 
 def _preamble_pch_plan(unit: Unit, header: Path) -> Tuple[Path, str, List[str]]:
-    """A split host TU's preamble, keyed by its text, what it reads outside the toolchain, and the TU's flags
-    but the include dirs of generated files (load_inline's sources live under their text's hash, and gcc
-    does not need -I to match): one PCH serves every edit of the file."""
+    """A split host TU's preamble, keyed by its text, what it reads outside the toolchain, and the TU's flags but
+    what its ``<...>`` includes cannot see: the include dirs of generated files (gcc does not need -I to match),
+    the user's ``-iquote`` dir, and ``-DTORCH_EXTENSION_NAME`` (torch's headers never use it, so gcc accepts the PCH
+    under any name). One PCH serves every edit of the file, and every extension with the same includes and flags."""
     text = header.read_text()
     deps, _, roots = keys.unit_inputs("cpp", header, text, unit.flags)
     generated = {f"-I{d}" for d in unit.local_dirs}
-    flags = [f for f in unit.flags if f not in generated]
+    flags, tokens = [], iter(unit.flags)
+    for f in tokens:
+        if f == "-iquote":
+            next(tokens, None)
+        elif f not in generated and not f.startswith("-DTORCH_EXTENSION_NAME="):
+            flags.append(f)
     key = keys.pch_key(toolchain.fingerprint(), flags, [], digest_tree(text.encode(), deps, roots))
-    return cache.subdir("pch") / key, f"{header.name}.gch", [toolchain.cxx(), *unit.flags, "-x", "c++-header",
-                                                              str(header)]
+    return cache.subdir("pch") / key, f"{header.name}.gch", [toolchain.cxx(), *flags,
+                                                              *[f"-I{d}" for d in unit.local_dirs], "-x",
+                                                              "c++-header", str(header)]
 
 
 def _binding_pch_plan(unit: Unit) -> Tuple[Path, str, List[str]]:
@@ -431,7 +441,7 @@ def _binding_pch_plan(unit: Unit) -> Tuple[Path, str, List[str]]:
     return cache.subdir("pch") / key, "kernelkit/binding.h.gch", cmd
 
 
-def _pch_flags(unit: Unit, target: Optional[Target] = None) -> List[str]:
+def pch_flags(unit: Unit, target: Optional[Target] = None) -> List[str]:
     """Flags that use a ready, verified PCH; if there is none yet, start building it in a detached
     process (it outlives this one and is renamed into place when complete), so this build is not slowed:
     at once, or when ``target``'s build is done (``_pch_at_once``)."""
@@ -487,7 +497,7 @@ def _drop_pch(unit: Unit) -> None:
 
 
 # ------------------------------------------------------------------------------ compiling, checked inputs
-def _snapshot(unit: Unit) -> Dict[Path, Optional[tuple]]:
+def snapshot(unit: Unit) -> Dict[Path, Optional[tuple]]:
     """The TU and each local header it includes, as they are now: identity (inode, size, mtime, ctime:
     an edit that is undone again still changes those) and sha256. None: missing. A generated source is
     taken by content only: other processes may rewrite it, always with the same text."""
@@ -523,7 +533,7 @@ def _planned_texts(raw: bytes) -> Set[bytes]:
 def _changed(unit: Unit, target: Target, before: Dict[Path, Optional[tuple]], during: bool) -> SourcesChanged:
     """The error for sources that no longer match the unit's key. A generated source in the cache that
     was damaged is removed, so the next load writes it again."""
-    after = _snapshot(unit)
+    after = snapshot(unit)
     changed = [p for p in after if after[p] != before.get(p)] if during else []
     names = ", ".join(target.display.get(str(p), str(p)) for p in changed or [unit.path, *unit.deps])
     when = ("changed while it was being compiled" if changed else
@@ -555,15 +565,18 @@ def _check_inputs(unit: Unit, target: Target, depfile: Path, before: Dict[Path, 
     """After a compile: every file the compiler read outside the toolchain's dirs is one the key covers,
     unchanged since planning (by content) and untouched while compiling (by identity: an edit undone again
     is caught too)."""
-    if _snapshot(unit) != before or not _as_planned(unit):
+    if snapshot(unit) != before or not _as_planned(unit):
         raise _changed(unit, target, before, during=True)
     read = _depfile_inputs(depfile)
     if read is None:  # a launcher that drops -MD: the planned files were checked above
         log.debug("no dependency file from compiling %s", unit.display)
         return
     covered = set(sources.resolved([unit.path, *unit.deps]))
-    # a name no file has was not read: nvcc lists the names #line marks give (load_inline's "name/cuda.cu")
-    unseen = [p for p in read if p not in covered and not sources.under(p, keys.toolchain_dirs()) and p.exists()]
+    # nvcc lists the names #line marks give as if it had read them: a split's TUs cite the user's files so
+    marked = set(sources.resolved(name for p in [unit.path, *unit.deps]
+                                  for name in syntax.line_names(cache.source_bytes(p).decode("utf-8", "replace"))))
+    unseen = [p for p in read if p not in covered | marked and not sources.under(p, keys.toolchain_dirs())
+              and p.exists()]
     if unseen:
         raise SourcesChanged(
             f"{unit.display}: the compiler read {', '.join(map(str, unseen))}, which kernelkit's include scan "
@@ -588,16 +601,16 @@ def compile_as_written(unit: Unit, target: Target, out: Path, depfile: Path) -> 
     if unit.shape is not None and _rebuilt_device_code(unit, target, out, depfile):
         unit.device_only = True
         return
-    pch = _pch_flags(unit, target)
+    pch = pch_flags(unit, target)
     try:
-        output = _run(unit.command(out, pch + deps), what, target, "compiles")
+        output = run_tool(unit.command(out, pch + deps), what, target, "compiles")
     except BuildError as e:
         if not pch or not _PCH_FAILED.search(e.log):
             raise
         _count("pch_rejected")
         log.warning("a precompiled header could not be read for %s; dropping it and compiling without", unit.display)
         _drop_pch(unit)
-        pch, output = [], _run(unit.command(out, deps), what, target, "compiles")
+        pch, output = [], run_tool(unit.command(out, deps), what, target, "compiles")
     if pch and "invalid-pch" in output:  # still correct (gcc read the header), just not faster
         _count("pch_rejected")
         log.warning("a precompiled header was not usable for %s:\n%s", unit.display, output[-800:])
@@ -605,8 +618,8 @@ def compile_as_written(unit: Unit, target: Target, out: Path, depfile: Path) -> 
 
 def _host_shape(unit: Unit) -> Optional[str]:
     """The host shape of a .cu unit's text; None where device code is never rebuilt alone for it (also
-    KERNELKIT_DEVICE_REBUILD=0: every compile runs nvcc on the whole file)."""
-    if unit.kind != "cu" or not unit.digest or os.environ.get("KERNELKIT_DEVICE_REBUILD", "1").strip() == "0":
+    KERNELKIT_DEVICE_REBUILD=off or KERNELKIT_FAST=off: every compile runs nvcc on the whole file)."""
+    if unit.kind != "cu" or not unit.digest or not settings.fast_path("device_rebuild"):
         return None
     try:
         return keys.host_shape_key(unit.kind, unit.flags, unit.local_dirs, toolchain.fingerprint(), toolchain.nvcc_fingerprint(),
@@ -623,11 +636,11 @@ def _rebuilt_device_code(unit: Unit, target: Target, out: Path, depfile: Path) -
     if old is None or objcopy is None:
         return False
     fatbin = out.with_name(out.stem + ".fatbin")
-    _run(toolchain.launcher() + [toolchain.nvcc(), *unit.flags, "--fatbin", str(unit.path), "-o", str(fatbin),
+    run_tool(toolchain.launcher() + [toolchain.nvcc(), *unit.flags, "--fatbin", str(unit.path), "-o", str(fatbin),
                                  "-MD", "-MF", str(depfile)], f"compiling {unit.display}", target, "compiles")
     try:
         shutil.copyfile(old, out)
-        _run([objcopy, "--update-section", f".nv_fatbin={fatbin}", str(out)],
+        run_tool([objcopy, "--update-section", f".nv_fatbin={fatbin}", str(out)],
              f"placing the device code of {unit.display}", target, "device_rebuilds")
     except (OSError, BuildError):  # removed by a gc meanwhile, or an object without device code
         return False
@@ -636,7 +649,7 @@ def _rebuilt_device_code(unit: Unit, target: Target, out: Path, depfile: Path) -
 
 def join_objects(objects: Sequence[Path], out: Path, target: Target) -> None:
     """One relocatable object from several (``ld -r``): a split TU is cached and linked as one object."""
-    _run([toolchain.cxx(), "-r", "-nostdlib", *map(str, objects), "-o", str(out)], f"joining the objects of {target.name}",
+    run_tool([toolchain.cxx(), "-r", "-nostdlib", *map(str, objects), "-o", str(out)], f"joining the objects of {target.name}",
          target, "joins")
 
 
@@ -684,16 +697,16 @@ def _compile_once(unit: Unit, target: Target) -> Path:
         if hit:
             return hit
         cache.touch_source(unit.path)
-        before = _snapshot(unit)
+        before = snapshot(unit)
         if unit.digest and not _as_planned(unit):  # nothing to compile: it could not be cached
             raise _changed(unit, target, before, during=False)
-        with _private_dir("obj-") as tmp:
+        with private_dir("obj-") as tmp:
             out, depfile = tmp / f"{unit.key}.o", tmp / f"{unit.key}.d"
             try:
                 _compile_to(unit, target, out, depfile)
             except BuildError:
                 # the compiler may have read a file half-written by an edit: that is no error in the sources
-                if unit.digest and (_snapshot(unit) != before or not _as_planned(unit)):
+                if unit.digest and (snapshot(unit) != before or not _as_planned(unit)):
                     raise _changed(unit, target, before, during=True) from None
                 raise
             if unit.digest:
@@ -757,7 +770,7 @@ def build(target: Target) -> Tuple[Path, bool, float]:
         t0 = time.perf_counter()
         with Status(desc), _build_state(target) as state:
             objects = _in_parallel(lambda u: _compile_noting_torch_cost(u, target, u in todo), target.units, target)
-            with _private_dir(f"lib-{target.name}-") as tmp:
+            with private_dir(f"lib-{target.name}-") as tmp:
                 out = tmp / target.so_name
                 cmd = [toolchain.cxx(), *[str(o) for o in objects], "-o", str(out), *target.ldflags,
                        *target.import_alias_flags()]

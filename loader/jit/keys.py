@@ -253,7 +253,7 @@ def unit_inputs(kind: str, path: Path, text: str, flags: Sequence[str]) -> Tuple
     portable names are taken against: the TU's dir, then the search dirs)."""
     search = sources.include_search(flags, kind == "cu", toolchain_dirs())
     deps, uses_torch = sources.scan_includes(text, path.parent, search.angle, quote_dirs=search.quote,
-                                             forced=forced_files(search), flags=flags)
+                                             forced=forced_files(search), flags=flags, kind=kind)
     return deps, uses_torch, [path.parent.resolve(), *search.quote, *search.angle]
 
 

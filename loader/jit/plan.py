@@ -7,6 +7,7 @@ it writes is generated source text, into the content-addressed ``src/`` cache (w
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Union
@@ -274,13 +275,35 @@ def _joined(sources: Union[None, str, Sequence[str]], what: str) -> List[str]:
     return out
 
 
+def torch_build_directory(name: str, build_directory=None) -> str:
+    """Where torch's load_inline would write ``name``'s sources (its build directory, not created here)."""
+    if build_directory is not None:
+        return os.path.abspath(os.fspath(build_directory))
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is None:
+        import torch
+        from torch.utils import cpp_extension
+
+        accelerator = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
+        python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+        root = os.path.join(cpp_extension.get_default_build_root(), f"{python}_{accelerator}")
+    return os.path.join(root, name)
+
+
+def _named_as(path: str) -> str:
+    """A first line that makes the compiler name the file ``path`` (and count its next line as line 1)."""
+    return '#line 1 "' + path.replace("\\", "\\\\").replace('"', '\\"') + '"\n'
+
+
 def plan_torch_inline(name: str, cpp_sources, cuda_sources, functions: Functions, *,
                       with_pytorch_error_handling: bool = True, no_implicit_headers: bool = False,
-                      gil_not_used: bool = False, implicit_main: bool = True, **ext) -> _build.Target:
+                      gil_not_used: bool = False, implicit_main: bool = True, build_directory=None,
+                      **ext) -> _build.Target:
     """torch.utils.cpp_extension.load_inline's sources, written as torch writes them (``main.cpp`` with
-    ``<torch/extension.h>`` and the generated PYBIND11_MODULE, ``cuda.cu`` with torch's three includes),
-    with ``#line`` marks so the compiler cites the line in the string the user passed. ``implicit_main=False``
-    leaves out a ``main.cpp`` that would hold nothing but the include (kernelkit's inline form); ``gil_not_used``
+    ``<torch/extension.h>`` and the generated PYBIND11_MODULE, ``cuda.cu`` with torch's three includes), line
+    for line, so ``__LINE__`` and the compiler's messages count as under torch; a first ``#line`` mark names the
+    file as torch's build directory would hold it, so ``__FILE__`` is torch's too. ``implicit_main=False`` leaves
+    out a ``main.cpp`` that would hold nothing but the include (kernelkit's inline form); ``gil_not_used``
     declares the generated module safe without the GIL, as torch 2.15's does."""
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"name: expected a Python identifier (it names the extension module), got {name!r}")
@@ -289,25 +312,27 @@ def plan_torch_inline(name: str, cpp_sources, cuda_sources, functions: Functions
     funcs = function_map(functions)
     for i, text in enumerate(cpp):
         refuse_device_code(text, "cpp_sources" + (f"[{i}]" if len(cpp) > 1 else ""))
-    user_cpp, user_cu = "\n".join(cpp), "\n".join(cuda)
+    folder = torch_build_directory(name, build_directory)
     cpp_name, cu_name = f"{name}/main.cpp", f"{name}/cuda.cu"
-    head = "" if no_implicit_headers else "#include <torch/extension.h>\n"
-    main = f'{head}#line 1 "{cpp_name}"\n{user_cpp}\n'
+    main_lines = ([] if no_implicit_headers else ["#include <torch/extension.h>"]) + cpp
     if funcs:
         wrap = "torch::wrap_pybind_function({})" if with_pytorch_error_handling else "{}"
-        defs = "".join(f'm.def("{f}", {wrap.format(f)}, {cpp_string(doc)});\n' for f, doc in funcs.items())
         option = ", pybind11::mod_gil_not_used()" if gil_not_used else ""
-        main += f'#line 1 "{name}/<functions>"\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m{option}) {{\n{defs}}}\n'
-    texts = {cpp_name: user_cpp.splitlines(), f"{name}/<functions>": ["PYBIND11_MODULE(...) {"]
-             + [f"m.def(\"{f}\", ...)" for f in funcs]}
-    paths, displays = [], {}
+        main_lines += [f"PYBIND11_MODULE(TORCH_EXTENSION_NAME, m{option}) {{"]
+        main_lines += [f'm.def("{f}", {wrap.format(f)}, {cpp_string(doc)});' for f, doc in funcs.items()] + ["}"]
+    paths, displays, texts = [], {}, {}
     if cpp or funcs or implicit_main:
-        paths.append(write_source(main, "main.cpp"))
-        displays[paths[0]] = cpp_name
+        main = "\n".join(main_lines)
+        paths.append(write_source(_named_as(os.path.join(folder, "main.cpp")) + main, "main.cpp"))
+        displays[paths[0]] = displays[Path(folder, "main.cpp")] = cpp_name
+        texts[cpp_name] = main.splitlines()
     if cuda:
-        head = "" if no_implicit_headers else "#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"
-        path = write_source(f'{head}#line 1 "{cu_name}"\n{user_cu}\n', "cuda.cu")
+        head = [] if no_implicit_headers else ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"]
+        text = "\n".join(head + cuda)
+        path = write_source(_named_as(os.path.join(folder, "cuda.cu")) + text, "cuda.cu")
         paths.append(path)
-        displays[path] = cu_name
-        texts[cu_name] = user_cu.splitlines()
-    return plan_extension(name, paths, displays=displays, texts=texts, **ext)
+        displays[path] = displays[Path(folder, "cuda.cu")] = cu_name
+        texts[cu_name] = text.splitlines()
+    target = plan_extension(name, paths, displays=displays, texts=texts, **ext)
+    target.display.update({str(k): v for k, v in displays.items()})  # the names the compiler cites, too
+    return target

@@ -192,24 +192,32 @@ def every_include(text: str) -> List[Tuple[str, str]]:
 OWN_MACROS = frozenset({"KERNELKIT_BINDING", "KERNELKIT_WITH_CUDA"})
 
 
-def _compiled_includes(text: str, undefined: FrozenSet[str]) -> Set[Tuple[str, str]]:
-    """The includes of ``text`` the preprocessor may reach when the macros ``undefined`` are not defined: all
-    of them, unless the grammar read the whole file and put the include under a branch they rule out."""
+def _compiled_includes(text: str, undefined: FrozenSet[str], defined: FrozenSet[str] = frozenset()
+                       ) -> Set[Tuple[str, str]]:
+    """The includes of ``text`` the preprocessor may reach when the macros ``undefined`` are not defined and
+    ``defined`` are: all of them, unless the grammar read the whole file and put the include under a branch they
+    rule out."""
     facts = syntax.directives(text)
-    if not facts.whole or not undefined:
+    if not facts.whole or not (undefined or defined):
         return set(every_include(text))
     return {(i.kind, i.name) for i in facts.includes
-            if all(not defined or m not in undefined for m, defined in i.requires)}
+            if all((m not in undefined) if must else (m not in defined) for m, must in i.requires)}
+
+
+#: what the compiler defines itself, by the kind of TU: nvcc defines __CUDACC__ in both its passes, g++ never
+COMPILER_MACROS = {"cu": (frozenset({"__CUDACC__", "__NVCC__"}), frozenset()),
+                   "cpp": (frozenset(), frozenset({"__CUDACC__", "__NVCC__", "__CUDA_ARCH__"}))}
 
 
 def scan_includes(text: str, here: Path, include_dirs: Sequence[Path], *, quote_dirs: Sequence[Path] = (),
-                  forced: Sequence[Path] = (), flags: Sequence[str] = ()) -> Tuple[List[Path], bool]:
+                  forced: Sequence[Path] = (), flags: Sequence[str] = (), kind: str = "") -> Tuple[List[Path], bool]:
     """Local headers ``text`` includes, transitively (a "..." include resolved against its includer's
     directory, then ``quote_dirs``, then the include dirs; a <...> include against the include dirs;
     system headers are not local and are left out), in every preprocessor branch, plus the ``forced`` files
     (-include, -imacros) and what they include; and whether the compile includes torch, judged from the
     branches it may compile: kernelkit's own switches (OWN_MACROS) count as undefined unless ``flags`` or a
-    file read defines them."""
+    file read defines them, and the compiler's own (COMPILER_MACROS, for a ``kind`` of TU) as it defines them."""
+    defined, never = COMPILER_MACROS.get(kind, (frozenset(), frozenset()))
     found: Dict[Path, None] = {}
     texts: Dict[Optional[Path], str] = {None: text}  # None: the TU itself
     stack: List[Optional[Path]] = [None]
@@ -222,8 +230,8 @@ def scan_includes(text: str, here: Path, include_dirs: Sequence[Path], *, quote_
         file = stack.pop()
         base = here if file is None else file.parent
         body = texts[file]
-        for kind, name in every_include(body):
-            dirs: Iterable[Path] = [base, *quote_dirs, *include_dirs] if kind == '"' else include_dirs
+        for delimiter, name in every_include(body):
+            dirs: Iterable[Path] = [base, *quote_dirs, *include_dirs] if delimiter == '"' else include_dirs
             for d in dirs:
                 cand = d / name
                 if cand.is_file():  # before resolve(): most candidates (system headers) do not exist
@@ -235,12 +243,13 @@ def scan_includes(text: str, here: Path, include_dirs: Sequence[Path], *, quote_
                     break
     named = {m for f in flags for m in OWN_MACROS if m in f}
     named |= {m for body in texts.values() for m in syntax.directives(body).macros & OWN_MACROS}
-    undefined = OWN_MACROS - named
-    return sorted(found), _reaches_torch(texts, here, include_dirs, quote_dirs, forced, undefined)
+    undefined = (OWN_MACROS - named) | never
+    return sorted(found), _reaches_torch(texts, here, include_dirs, quote_dirs, forced, undefined, defined)
 
 
 def _reaches_torch(texts: Dict[Optional[Path], str], here: Path, include_dirs: Sequence[Path],
-                   quote_dirs: Sequence[Path], forced: Sequence[Path], undefined: FrozenSet[str]) -> bool:
+                   quote_dirs: Sequence[Path], forced: Sequence[Path], undefined: FrozenSet[str],
+                   defined: FrozenSet[str]) -> bool:
     seen: Set[Optional[Path]] = set()
     stack: List[Optional[Path]] = [None, *(f.resolve() for f in forced)]
     while stack:
@@ -249,7 +258,7 @@ def _reaches_torch(texts: Dict[Optional[Path], str], here: Path, include_dirs: S
             continue
         seen.add(file)
         base = here if file is None else file.parent
-        for kind, name in _compiled_includes(texts[file], undefined):
+        for kind, name in _compiled_includes(texts[file], undefined, defined):
             if name.startswith(_TORCH_PREFIXES):
                 return True
             dirs: Iterable[Path] = [base, *quote_dirs, *include_dirs] if kind == '"' else include_dirs

@@ -89,6 +89,21 @@ def includes_torch(text: str) -> bool:
     return False
 
 
+def line_names(text: str) -> FrozenSet[str]:
+    """The file names ``#line`` directives in ``text`` give (nvcc's dependency file lists them as if read)."""
+    if "#line" not in text:
+        return frozenset()
+    found = set()
+    for node in walk(parse(text).root_node):
+        if node.type == "preproc_call" and node.child_by_field_name("directive") is not None and \
+                node.child_by_field_name("directive").text == b"#line":
+            arg = node.child_by_field_name("argument")
+            words = arg.text.decode(errors="replace").split(None, 1) if arg is not None else []
+            if len(words) == 2 and words[1].startswith('"') and words[1].rstrip().endswith('"'):
+                found.add(words[1].strip()[1:-1].replace('\\"', '"').replace("\\\\", "\\"))
+    return frozenset(found)
+
+
 def first_cuda_token(text: str, tokens: Sequence[str]) -> Optional[str]:
     """The first of ``tokens`` (CUDA-only keywords and ``<<<``: ``__global__``, ``__shared__``, ...) that the
     grammar sees in ``text`` as code rather than in a comment or string, or None."""

@@ -1,47 +1,47 @@
 """Building a ``.cu`` that includes torch's headers (the shape of users' torch-style code) the fast way.
 
-nvcc as written parses torch's headers in three front ends (~45 s per edit). When ``split`` can prove it
-builds what nvcc builds, the file becomes a host TU for g++ (cached by its text, which a kernel-body edit
-leaves unchanged) and a torch-free device TU for nvcc (about a second), joined into one relocatable object
-(``ld -r``) cached under the unit's key, so the rest of the build sees one object per source as always. The
-host TU includes the file's leading torch includes as a header of their own (its preamble), which gcc takes
-precompiled where KERNELKIT_PCH allows: a host edit then costs the host code, not torch's headers again.
-Anything the split refuses, or a step that fails for a reason that is not plainly the user's code, builds
-the file as written: slower, never different.
-
-An edit inside the bodies of device-only functions keeps a TU's host shape (``keys.host_shape_key``): then
-only its device code is compiled (``nvcc --fatbin``) and placed into the object of the earlier text, for the
-device TU of a split and for a file built as written alike (``build.compile_as_written``;
-``KERNELKIT_DEVICE_REBUILD=0`` turns it off).
+nvcc as written parses torch's headers in three front ends (~45 s per edit). When ``split`` can take the file
+apart, it becomes a host TU for g++ (``jit.host_lines``: cached by its text with its line numbers left out, so an
+edit that moves lines compiles nothing there) and a torch-free device TU for nvcc (about a second), joined into
+one relocatable object cached under the unit's key, so the rest of the build sees one object per source as
+always. Before a split's object is first used for a file, the proof (``jit.split_proof``) compares its device
+code with nvcc's on the file as written, while the host TU compiles; an edit later uses the split at once where
+it names nothing the proof has not seen (``_covered``), and is proven again in the background. A mismatch builds
+the file as written, then and from then on, saying why; so does anything the split refuses, or a step that
+fails for a reason that is not plainly the user's code: slower, never different.
 
 ``KERNELKIT_TORCH_CU``: ``auto`` (default) splits where it can; ``split`` insists (a file that cannot be split
 is an error saying why); ``full`` builds every such file as written.
 """
 from __future__ import annotations
 
-import os
+import concurrent.futures
 import re
+import shutil
+import subprocess
+import threading
 import time
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
+from .. import settings
 from ..diagnostics import Diagnostic
 from ..errors import BuildError, KernelkitError
 from . import build as _build
-from . import cache, keys, sources, split
+from . import cache, host_lines, keys, sources, split, split_proof, toolchain, torch_headers
 from .progress import say
+from .split import instantiate
 
-STRATEGIES = ("auto", "split", "full")
-#: diagnostics that may mean the device TU's prelude lacks a declaration torch's headers gave the file
+VERSION = "split-3"  # the construction: a change gives every split object a new key
+#: diagnostics that may mean the device TU lacks a declaration torch's headers gave the file
 _MISSING = re.compile(r"undefined|not declared|no member|has no member|incomplete type|not a template|"
                       r"unknown type|does not name a type|no instance of|identifier .* is undefined")
 
 
 def strategy() -> str:
-    value = os.environ.get("KERNELKIT_TORCH_CU", "auto").strip().lower() or "auto"
-    if value not in STRATEGIES:
-        raise KernelkitError(f"KERNELKIT_TORCH_CU={value!r}: expected one of {', '.join(STRATEGIES)}")
-    return value
+    """The strategy asked for: KERNELKIT_TORCH_CU, or ``full`` where KERNELKIT_FAST=0 turns the split off."""
+    value = settings.TORCH_CU.get()
+    return value if settings.fast_path("torch_cu_split") else "full"
 
 
 def applies(unit: _build.Unit) -> bool:
@@ -53,13 +53,14 @@ def prepare(unit: _build.Unit) -> None:
     """Give a torch-including .cu this module's builder, and a key that names the strategy asked for."""
     if applies(unit):
         unit.builder = compile_unit
-        unit.key = keys.build_variant_key(unit.key, f"torch-cu={strategy()}")
+        unit.key = keys.build_variant_key(unit.key, f"torch-cu={strategy()}/{VERSION}")
 
 
 def compile_unit(unit: _build.Unit, target: _build.Target, out: Path, depfile: Path) -> None:
     """Write ``unit``'s object at ``out``: through the split where it applies, else nvcc on the file."""
     chosen = strategy()
-    reason = _split_into(unit, target, out) if chosen != "full" else "KERNELKIT_TORCH_CU=full"
+    reason = _split_into(unit, target, out) if chosen != "full" else \
+        ("KERNELKIT_TORCH_CU=full" if settings.TORCH_CU.get() == "full" else "KERNELKIT_FAST=0")
     if reason is None:
         return
     if chosen == "split":
@@ -76,128 +77,179 @@ def compile_unit(unit: _build.Unit, target: _build.Target, out: Path, depfile: P
         _build.torch_cost_advice(unit, seconds, f" (kernelkit could not split it: {reason})")
 
 
+# ------------------------------------------------------------------------------------------- the split
 def _split_into(unit: _build.Unit, target: _build.Target, out: Path) -> Optional[str]:
     """None when ``out`` holds the split build; else why the file is to be built as written."""
-    text = unit.path.read_text(errors="surrogateescape")
-    original, offset = _user_file(unit, text)
-    if offset:  # kernelkit's own mark goes: the split cites lines of this file, moved back by _relined
-        lines = text.split("\n")
-        text = "\n".join(lines[:offset - 1] + [""] + lines[offset:])
-    include_dirs = [unit.path.parent, *_include_dirs(unit.flags)]
-    # a generated file lives under its content's hash: the split names it as the user knows it, so that
-    # the host TU (its #line marks, its launchers' names) stays the same across kernel-body edits
-    cited = original if offset else str(unit.path)
-    result = split.split_source(text, cited, split.local_headers(include_dirs))
+    before = _build.snapshot(unit)
+    text, cited, first = user_text(unit)
+    result = split.split_source(text, cited, split.local_headers(_include_dirs(unit.flags)), torch_headers.heavy,
+                                first_line=first)
     if isinstance(result, split.Unsplittable):
-        return f"{result.reason}" + (f" at line {result.line - offset}" if result.line > offset else "")
+        return result.reason + (f" at line {result.line}" if result.line else "")
+    frame = _frame_key(unit, result)
+    record = _frame_record(frame)
+    if record.get("refused"):
+        return f"{record['refused']} (found earlier for this file)"
     host_flags = split.host_flags(unit.flags)
     if host_flags is None:
         return "a flag in extra_cuda_cflags has no known meaning for the host compiler"
-    objects, notes = {}, {}
-    # the device TU first where it can be (a typo in a kernel is reported in about a second); template
-    # launchers need the host object first, which says what to instantiate
-    for what in ("host", "device") if result.templated else ("device", "host"):
-        if what == "host":
-            part = _host_unit(result, original, offset, unit, host_flags)
-        else:
-            try:
-                text = split.device_text(result, objects.get("host"))
-            except split.InstantiationError as e:
-                return str(e)
-            part = _sub_unit("cu", _relined(text, original, offset), f"{unit.path.stem}.device.cu", unit,
-                             unit.flags)
-        objects[what], why, notes[what] = _compiled(part, target, unit, what)
-        if objects[what] is None:
+    if "," in str(unit.path.parent):
+        return "a comma in the name of the file's folder (nvcc splits -Xcompiler values at commas)"
+    names_key = _torch_names_key(unit, result)
+    covered = _covered(record, result, cache.read_record("torch-names", names_key).get("names"))
+    proof = None if covered else Proof(unit, target, nice=False, names_key=names_key, result=result)
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        parts = _compiled_parts(result, unit, host_flags, target, pool)
+        if isinstance(parts, str):
+            return parts
+        device_unit, device, host, table = parts
+        why = _proven(proof, unit, device_unit, frame, record, result, before) if proof is not None else None
+        if why is not None:
             return why
-    _build.join_objects([objects["host"], objects["device"]], out, target)
-    say(f"{unit.display}: split ({len(result.kernels)} kernel(s)): device TU {notes['device']}, host TU {notes['host']}")
+    finally:
+        pool.shutdown(wait=False)  # a device TU's error is said at once; the host TU's object is cached for later
+        if proof is not None:
+            proof.cancel()
+    _bind(result, device, host, table, out, target)
+    if covered:
+        _audit_later(unit, target, (device_unit, device_unit.path.read_text(errors="surrogateescape")), frame,
+                     before)
+    say(f"{unit.display}: split ({len(result.kernels)} kernel(s)): device TU {device.note}, host TU {host.note}"
+        + ("" if covered else ", its device code proven the same as the file's as written"))
     return None
 
 
-def _user_file(unit: _build.Unit, text: str) -> Tuple[str, int]:
-    """The path the user knows and the lines kernelkit put before their code: load_inline's ``cuda.cu`` starts
-    with torch's implicit includes and a ``#line 1 "name/cuda.cu"`` mark."""
-    lines = text.split("\n", 8)
-    for i, line in enumerate(lines[:6]):
-        m = re.fullmatch(r'#line 1 "(.+)"', line.strip())
-        if m and all(ln.strip().startswith("#include") for ln in lines[:i]):
-            return m.group(1), i + 1
-    return str(unit.path), 0
+def _proven(proof: "Proof", unit: _build.Unit, device_unit: _build.Unit, frame: str, record: dict,
+            result: split.Split, before) -> Optional[str]:
+    """None when the proof found the device TU's code the file's own (the frame's record then holds the names it
+    saw); else why not, which the record keeps unless the file changed under the proof."""
+    why = proof.difference(device_unit, device_unit.path.read_text(errors="surrogateescape"))
+    if why is None:
+        _store_frame(frame, {"proven": sorted(set(record.get("proven", [])) | set(result.names))})
+    elif _build.snapshot(unit) == before:
+        _store_frame(frame, {**record, "refused": why})
+    return why
 
 
-_MARK = re.compile(r'^#line (\d+) "(.*)"$', re.M)
-
-
-def _relined(text: str, original: str, offset: int) -> str:
-    """Where kernelkit generated the file (load_inline's cuda.cu: its implicit includes before the user's code)
-    the split's ``#line`` marks count its lines: they are moved back to the user's own (the includes' lines
-    are cited as the first)."""
-    if not offset:
-        return text
-    wanted = _quoted(original)
-
-    def move(m):
-        return m.group(0) if m.group(2) != wanted else f'#line {max(int(m.group(1)) - offset, 1)} "{wanted}"'
-
-    return _MARK.sub(move, text)
-
-
-def _quoted(path: str) -> str:
-    return path.replace("\\", "\\\\").replace('"', '\\"')
+def user_text(unit: _build.Unit) -> Tuple[str, str, int]:
+    """The text to split, the path it cites and the number of its first line. A generated source names itself
+    with a ``#line 1 "<path>"`` mark: as its first line (load_inline's ``cuda.cu``, named as torch would have
+    written it), or after the includes kernelkit put before the user's code (kernelkit's inline form)."""
+    text = unit.path.read_text(errors="surrogateescape")
+    if not cache.is_generated_source(unit.path):
+        return text, str(unit.path), 1
+    lines = text.split("\n")
+    for i, line in enumerate(lines[:8]):
+        if line.startswith('#line 1 "') and line.endswith('"'):
+            if not all(ln.startswith("#include <") for ln in lines[:i]):
+                break
+            cited = line[len('#line 1 "'):-1].replace('\\"', '"').replace("\\\\", "\\")
+            return "\n".join(lines[:i] + lines[i + 1:]), cited, 1 - i
+    return text, str(unit.path), 1
 
 
 def _include_dirs(flags: List[str]) -> List[Path]:
-    """The user's own include dirs (torch's, CUDA's and the system's hold no headers of theirs to inline)."""
-    dirs, tokens = [], iter(flags)
-    for f in tokens:
-        if f in ("-I", "--include-path"):
-            dirs.append(Path(next(tokens, "")))
-        elif f.startswith("-I") and len(f) > 2:
-            dirs.append(Path(f[2:]))
-    return [d for d in dirs if not sources.under(d.resolve(), keys.toolchain_dirs())]
+    """The user's own include dirs, in the compiler's order (torch's, CUDA's and the system's hold no headers of
+    theirs): their headers are written into both TUs."""
+    search = sources.include_search(flags, True, keys.toolchain_dirs())
+    return [*search.quote, *search.angle]
 
 
-def _host_unit(result: split.Split, original: str, offset: int, unit: _build.Unit,
-               flags: List[str]) -> _build.Unit:
+class _Part:
+    """A compiled part of a split: its object and how it came (seconds, or cached), for the build line."""
+
+    def __init__(self, obj: Path, note: str):
+        self.obj, self.note = obj, note
+
+
+def _compiled_parts(result: split.Split, unit: _build.Unit, host_flags: List[str], target: _build.Target, pool):
+    """(device unit, device part, host part, line table) or why the file is to be built as written. Host and
+    device TUs compile side by side, but a templated file's device TU instantiates what the host object calls.
+    A device TU that lacks a declaration is tried once more with every light header in its prelude."""
+    host_unit = _host_unit(result, unit, host_flags)
+    host = pool.submit(_host_part, host_unit, result, target, unit)
+    undefined: List = []
+    if result.templated:
+        host_obj, table = host.result()
+        if isinstance(host_obj, str):
+            return host_obj
+        undefined = instantiate.symbols(host_obj.obj, undefined=True)
+    device_unit = device = None
+    for whole in (False, True):
+        try:
+            text = split.device_text(result, undefined, whole_prelude=whole)
+        except split.InstantiationError as e:
+            return str(e)
+        if whole and text == device_unit.path.read_text(errors="surrogateescape"):
+            break  # the prelude was whole already
+        device_unit = _sub_unit("cu", text, f"{unit.path.stem}.device.cu", unit, unit.flags)
+        device = _compiled(device_unit, target, unit, "device")
+        if not isinstance(device, str):
+            break
+    host_obj, table = host.result()
+    if isinstance(device, str):
+        return device
+    if isinstance(host_obj, str):
+        return host_obj
+    return device_unit, device, host_obj, table
+
+
+def _host_unit(result: split.Split, unit: _build.Unit, flags: List[str]) -> _build.Unit:
     """The host TU. Where the file starts with torch's includes, that start (the split's preamble) is a header
-    of its own, named by its content and included first, which gcc can take precompiled (``build._pch_plan``)."""
+    of its own, named by its content and included first, which gcc can take precompiled (``build.pch_flags``)."""
     name = f"{unit.path.stem}.host.cpp"
-    if not result.preamble:
-        return _sub_unit("cpp", _relined(result.host, original, offset), name, unit, flags)
-    digest = sources.sha256_bytes(result.preamble.encode())[:16]
-    header = cache.write_source(result.preamble, f"kk_host_preamble_{digest}.h")
-    text = f"#include <{header.name}>\n" + _relined(result.host_rest, original, offset)
-    return _sub_unit("cpp", text, name, unit, flags, pch_header=header)
+    tu = result.host
+    if not tu.preamble:
+        return _sub_unit("cpp", tu.text, name, unit, flags)
+    header = cache.write_source(tu.preamble, tu.preamble_name)
+    return _sub_unit("cpp", tu.text, name, unit, flags, pch_header=header)
+
+
+def _host_part(host_unit: _build.Unit, result: split.Split, target: _build.Target, unit: _build.Unit):
+    cached = cache.cached_object(host_lines.lines_key(host_unit, result.host)) is not None
+    t0 = time.perf_counter()
+    try:
+        obj, table = host_lines.compile_host(host_unit, result.host, target)
+    except BuildError as e:
+        return _failed(e, target, unit, "host"), None
+    note = "cached" if cached else f"{time.perf_counter() - t0:.1f} s"
+    return _Part(obj, note), table
 
 
 def _sub_unit(kind: str, text: str, filename: str, unit: _build.Unit, flags: List[str],
               pch_header: Optional[Path] = None) -> _build.Unit:
-    """A generated TU, cached by its own text: ``-I`` of the user's directory, where its quoted includes
-    were found when the file was compiled as written (and of its preamble's, after it)."""
+    """A generated TU, cached by its own text. Its quoted includes that were not written into it are looked for
+    where the file's own would be (``-iquote`` its dir: no ``<...>`` include changes; none for a file kernelkit
+    generated, whose dir is named for its text and holds nothing else), and the preamble's dir."""
     path = cache.write_source(text, filename)
-    extra = [f for f in flags if f not in (f"-I{unit.path.parent}",)]
-    dirs = [unit.path.parent] + ([pch_header.parent] if pch_header else [])
+    here = [] if cache.is_generated_source(unit.path) else [str(unit.path.parent)]
+    quote = [f for d in here for f in (["-Xcompiler", f"-iquote,{d}"] if kind == "cu" else ["-iquote", d])]
+    extra = [*quote, *flags]
+    dirs = [pch_header.parent] if pch_header else []
     return _build.plan_unit(kind, path, text, dirs, extra, [], f"{unit.display} ({kind} part)",
                             optimize=None, torch_style=True, pch_header=pch_header)
 
 
-def _compiled(part: _build.Unit, target: _build.Target, unit: _build.Unit,
-              what: str) -> Tuple[Optional[Path], str, str]:
-    """(object, "", "cached" or its seconds) or (None, why the file is to be built as written, ""). A compile
-    error that is plainly the user's (every error in their file, none a missing declaration) is raised at
-    once: nvcc on the file as written would only say it again, slower."""
+def _compiled(part: _build.Unit, target: _build.Target, unit: _build.Unit, what: str):
+    """The part compiled (cached when it was) or why the file is to be built as written. A compile error that is
+    plainly the user's (every error in their file, none a missing declaration) is raised at once: nvcc on the
+    file as written would only say it again, slower."""
     cached = cache.cached_object(part.key) is not None
     t0 = time.perf_counter()
     try:
         obj = _build.compile_cached(part, target)
     except BuildError as e:
-        if _users_error(e.diagnostics, target, unit):
-            raise BuildError(f"compiling {unit.display} (split into host and device TUs; KERNELKIT_TORCH_CU=full "
-                             "builds it as written)", e.diagnostics, e.log, e.command) from None
-        first = next((d for d in e.diagnostics if d.severity in ("error", "fatal error")), None)
-        return None, f"the {what} part did not compile ({first.message if first else 'no diagnostic'})", ""
-    how = " (device code only)" if part.device_only else ""
-    return obj, "", "cached" if cached else f"{time.perf_counter() - t0:.1f} s{how}"
+        return _failed(e, target, unit, what)
+    return _Part(obj, "cached" if cached else f"{time.perf_counter() - t0:.1f} s")
+
+
+def _failed(e: BuildError, target: _build.Target, unit: _build.Unit, what: str) -> str:
+    if _users_error(e.diagnostics, target, unit):
+        raise BuildError(f"compiling {unit.display} (split into host and device TUs; KERNELKIT_TORCH_CU=full "
+                         "builds it as written)", e.diagnostics, e.log, e.command) from None
+    first = next((d for d in e.diagnostics if d.severity in ("error", "fatal error")), None)
+    return f"the {what} part did not compile ({first.message if first else 'no diagnostic'})"
 
 
 def _users_error(diagnostics: List[Diagnostic], target: _build.Target, unit: _build.Unit) -> bool:
@@ -219,3 +271,250 @@ _TORCH_NAME = re.compile(r"^(?:at|c10|torch|caffe2)(?:::|$)|^(?:C10|AT|TORCH|CUD
 def _a_typo(d: Diagnostic, text: str) -> bool:
     names = _NAMED.findall(d.message)
     return bool(names) and all(not _TORCH_NAME.search(n) and text.count(n.split("::")[-1]) <= 1 for n in names)
+
+
+# ------------------------------------------------------------------------------------------- binding
+def _bind(result: split.Split, device: _Part, host: _Part, table: Optional[Path], out: Path,
+          target: _build.Target) -> None:
+    """One object from the parts: the device TU's first (its runtime registration then runs before the host
+    TU's static initialisers, as in the file as written), with the host-side symbols nvcc made local that the
+    host object asks for given those names, then made local again once joined."""
+    undefined = instantiate.symbols(host.obj, undefined=True)
+    defined = instantiate.symbols(device.obj, undefined=False)
+    aliases = instantiate.local_aliases(undefined, defined, set(result.entities))
+    objects = [device.obj, host.obj] + ([table] if table else [])
+    if not aliases:
+        _build.join_objects(objects, out, target)
+        return
+    named = out.with_name(out.stem + ".device.o")
+    symbols = _readelf_symbols(device.obj)
+    adds = [f for new, old in aliases.items() for f in ("--add-symbol", _symbol_at(symbols, old, new))]
+    _build.run_tool(["objcopy", *adds, str(device.obj), str(named)], f"joining the objects of {target.name}",
+                    target, "binds")
+    _build.join_objects([named] + objects[1:], out, target)
+    localized = [f"--localize-symbol={new}" for new in aliases]
+    _build.run_tool(["objcopy", *localized, str(out)], f"joining the objects of {target.name}", target, "binds")
+
+
+def _symbol_at(symbols: List[Dict[str, str]], old: str, new: str) -> str:
+    """``new=<section>:<value>,global,<type>`` for objcopy: where the object defines its local symbol ``old``."""
+    for row in symbols:
+        if row["name"] == old:
+            kind = "function" if row["type"] == "FUNC" else "object"
+            return f"{new}={row['section']}:0x{row['value']},global,{kind}"
+    raise KernelkitError(f"the device object does not define {old}")
+
+
+def _readelf_symbols(obj: Path) -> List[Dict[str, str]]:
+    out = subprocess.run(["readelf", "-sW", str(obj)], capture_output=True, text=True, check=True).stdout
+    sections = _sections(obj)
+    rows = []
+    for line in out.splitlines():
+        cols = line.split()
+        if len(cols) >= 8 and cols[0].endswith(":") and cols[6].isdigit():
+            rows.append({"value": cols[1], "type": cols[3], "section": sections.get(int(cols[6]), cols[6]),
+                         "name": cols[7]})
+    return rows
+
+
+def _sections(obj: Path) -> Dict[int, str]:
+    out = subprocess.run(["readelf", "-SW", str(obj)], capture_output=True, text=True, check=True).stdout
+    found = {}
+    for m in re.finditer(r"\[\s*(\d+)\]\s+(\S+)", out):
+        found[int(m.group(1))] = m.group(2)
+    return found
+
+
+# ------------------------------------------------------------------------------------------- the proof
+def _frame_key(unit: _build.Unit, result: split.Split) -> str:
+    """What a proof covers besides the names device code uses: the device TU with its device code left out,
+    the flags and the toolchain (an edit inside device code keeps it)."""
+    return keys.build_variant_key(keys.unit_key(unit.kind, unit.flags, unit.local_dirs,
+                                                sources.sha256_bytes(result.frame.encode("utf-8", "surrogateescape")),
+                                                toolchain.fingerprint(), toolchain.nvcc_fingerprint()),
+                                  f"split-frame/{VERSION}")[:32]
+
+
+def _frame_record(frame: str) -> dict:
+    return cache.read_record("frames", frame)
+
+
+def _store_frame(frame: str, record: dict) -> None:
+    cache.write_record("frames", frame, record)
+
+
+def _covered(record: dict, result: split.Split, torch_names: Optional[List[str]]) -> bool:
+    """Whether a proof of this frame saw every name this device code uses, but names that appear nowhere in
+    torch's headers (a new local, a new helper of the user's): no lookup of those can find what the device TU
+    left out."""
+    proven = record.get("proven")
+    if proven is None or torch_names is None:
+        return False
+    return not (set(result.names) - set(proven)) & set(torch_names)
+
+
+def _torch_names_key(unit: _build.Unit, result: split.Split) -> str:
+    """What the names torch's headers declare and define depend on: the toolchain, the flags, which headers."""
+    return keys.build_variant_key(keys.unit_key(unit.kind, unit.flags, unit.local_dirs,
+                                                "\n".join(result.torch_includes), toolchain.fingerprint(),
+                                                toolchain.nvcc_fingerprint()), "torch-names")[:32]
+
+
+def _arch_flags(flags: List[str]) -> Tuple[List[str], List[str]]:
+    """(flags less the arch and output ones, each virtual arch ``compute_XX`` the flags build for)."""
+    rest, archs, it = [], [], iter(flags)
+    for f in it:
+        key, eq, value = f.partition("=")
+        if key in ("-gencode", "--generate-code"):
+            value = value if eq else next(it, "")
+            archs += [p.split("=", 1)[1] for p in value.split(",") if p.startswith("arch=")]
+        elif key in ("-arch", "--gpu-architecture"):
+            value = value if eq else next(it, "")
+            archs.append(value.replace("sm_", "compute_"))
+        elif f in ("-c", "--compile"):
+            continue
+        else:
+            rest.append(f)
+    return rest, sorted(set(archs))
+
+
+class Proof:
+    """The file's PTX as written (what torch's build compiles for its device side), compiled in the background
+    from the moment it is asked for, so that it runs beside the split's own compiles."""
+
+    def __init__(self, unit: _build.Unit, target: _build.Target, nice: bool, names_key: str = "",
+                 result: Optional[split.Split] = None):
+        self.unit, self.target, self.nice = unit, target, nice
+        self.names_key, self.result = names_key, result
+        self.children = _build.Children()
+        self.ptx: Dict[str, str] = {}
+        self.error: Optional[BaseException] = None
+        self.thread = threading.Thread(target=self._run, name=f"kernelkit-proof-{unit.path.name}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            keep = self.names_key and not cache.read_record("torch-names", self.names_key)
+            with _build.private_dir("proof-keep-") as kept:
+                self.ptx = _ptx(self.unit.path, self.unit.flags, self.unit.display, self.target, self.nice,
+                                self.children, keep=kept if keep else None)
+                if keep:
+                    self._record_torch_names(kept)
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits for the proof
+            self.error = e
+
+    def _record_torch_names(self, kept: Path) -> None:
+        """The names torch's umbrella headers declare more often than the prelude (read from nvcc's preprocessed
+        text of the file and of the whole prelude) and the macros they define otherwise: what a later edit's new
+        names are checked against (``_covered``)."""
+        preprocessed = next(kept.glob(f"{self.unit.path.stem}*.cpp1.ii"), None)
+        if preprocessed is None:
+            return
+        probe = kept / "kk_prelude_probe.cu"
+        prelude = split.full_prelude()
+        probe.write_text(prelude + "__global__ void kk_prelude_probe() {}\n")
+        _ptx(probe, self.unit.flags, self.unit.display, self.target, self.nice, self.children, keep=kept)
+        probed = next(kept.glob("kk_prelude_probe*.cpp1.ii"))
+        includes = "".join(f"#include {name}\n" for name in self.result.torch_includes)
+        macros = torch_headers.defined_macros(includes, self.unit.flags)
+        prelude_macros = torch_headers.defined_macros(prelude, self.unit.flags)
+        if macros is None or prelude_macros is None:
+            return
+        names = torch_headers.risky_names(torch_headers.declared_names(preprocessed.read_text(errors="replace")),
+                                          torch_headers.declared_names(probed.read_text(errors="replace")),
+                                          macros, prelude_macros)
+        cache.write_record("torch-names", self.names_key, {"names": sorted(names)})
+
+    def difference(self, device_unit: _build.Unit, device_text: str) -> Optional[str]:
+        """None when the device TU's PTX is the file's as written for every arch; else why not. A file whose
+        device side does not compile as written fails here with nvcc's errors, as torch's build would. The device
+        TU is compiled from a copy of ``device_text`` (its includes do not depend on where it is)."""
+        with _build.private_dir("proof-device-") as tmp:
+            copy = tmp / device_unit.path.name
+            copy.write_text(device_text, errors="surrogateescape")
+            split_ptx = _ptx(copy, device_unit.flags, device_unit.display, self.target, self.nice, self.children)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        for arch in sorted(self.ptx):
+            why = split_proof.difference(self.ptx[arch], split_ptx.get(arch, ""))
+            if why is not None:
+                return f"{why} ({arch})"
+        return None
+
+    def cancel(self) -> None:
+        self.children.kill_all()
+
+
+def _ptx(path: Path, flags: List[str], display: str, target: _build.Target, nice: bool,
+         children: _build.Children, keep: Optional[Path] = None) -> Dict[str, str]:
+    """arch -> the PTX nvcc makes of ``path`` with ``flags``, for each arch they build for (``keep``: where the
+    first arch's intermediate files are kept)."""
+    rest, archs = _arch_flags(flags)
+    if not archs:
+        raise KernelkitError(f"{display}: no arch in its flags to compile its device code for")
+    low = ["nice", "-n", "19"] if nice and shutil.which("nice") else []
+    out = {}
+    with _build.private_dir("proof-") as tmp:
+        for arch in archs:
+            ptx = tmp / f"{arch}.ptx"
+            kept = ["--keep", "--keep-dir", str(keep)] if keep is not None and arch == archs[0] else []
+            _build.run_tool(low + toolchain.launcher() + [toolchain.nvcc(), *rest, f"-arch={arch}", "-ptx", *kept,
+                                                          str(path), "-o", str(ptx)],
+                            f"compiling {display}", target, "proofs", children)
+            out[arch] = ptx.read_text(errors="replace")
+    return out
+
+
+_AUDITS: Dict[str, threading.Thread] = {}  # file -> its running background proof
+_PENDING: Dict[str, tuple] = {}  # file -> the newest edit waiting for that proof to end
+_AUDIT_LOCK = threading.Lock()
+
+
+def _audit_later(unit: _build.Unit, target: _build.Target, device: Tuple[_build.Unit, str], frame: str,
+                 before) -> None:
+    """Prove an edit that used an earlier proof, in the background at the lowest priority: a mismatch makes the
+    file build as written from its next load on, and says so now. One proof per file at a time: edits made
+    while it runs wait, and only the newest of them is proven next."""
+    with _AUDIT_LOCK:
+        running = _AUDITS.get(unit.display)
+        if running is not None and running.is_alive():
+            _PENDING[unit.display] = (unit, target, device, frame, before)
+            return
+        thread = threading.Thread(target=_audit, args=(unit, target, device, frame, before),
+                                  name=f"kernelkit-audit-{unit.path.name}", daemon=True)
+        _AUDITS[unit.display] = thread
+    thread.start()
+
+
+def _audit(unit: _build.Unit, target: _build.Target, device: Tuple[_build.Unit, str], frame: str, before) -> None:
+    try:
+        why = Proof(unit, target, nice=True).difference(*device)
+    except Exception as e:  # noqa: BLE001 - an audit that cannot run proves nothing and changes nothing
+        say(f"{unit.display}: the background proof of the split could not run ({e})")
+        why = None
+    if _build.snapshot(unit) != before:
+        why = None  # edited since: the file as written is no longer what the split was made of
+    if why is not None:
+        _store_frame(frame, {"refused": why})
+        say(f"{unit.display}: the split's device code differs from the file's as written ({why}): the library "
+            "just loaded may compute something else; load again to build the file as written")
+    with _AUDIT_LOCK:
+        _AUDITS.pop(unit.display, None)
+        pending = _PENDING.pop(unit.display, None)
+    if pending is not None:
+        _audit_later(*pending)
+
+
+def wait_for_audits(timeout: Optional[float] = None) -> None:
+    """Wait for the background proofs this process started (tests, and a script about to report results)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        with _AUDIT_LOCK:
+            running = [t for t in _AUDITS.values() if t.is_alive()]
+        if not running:
+            return
+        running[0].join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if deadline is not None and time.monotonic() >= deadline:
+            return
+

@@ -1,218 +1,222 @@
-"""The device TU: the file's device code with the macros, includes, types and constants it uses, the smallest
-prelude that stands in for torch's headers, and a launcher after each kernel; no torch umbrella header."""
+"""The device TU: the file as written, less what only the host side owns, with a light prelude in place of
+torch's umbrella headers. Everything else stays where it is, line for line: pragmas, using-directives, macros
+defined and undefined anywhere, include guards, linkage blocks, the preprocessor branches around each piece,
+so the name lookup and preprocessor state at every kept line is the file's own.
+
+Taken out (blanked, their directives kept): host functions and host function declarations (device code cannot
+call them: nvcc rejects such a call, so a file that builds never needs one), and declarations that name torch's
+heavy API (``torch::Tensor``, pybind11, registration macros) where device code does not name what they declare.
+The prelude (``PRELUDE``: the c10 types, accessors and macros device code uses, and what torch's umbrella
+headers include from the standard library and CUDA) is a subset of what those headers declare; what it misses
+fails to compile, which builds the file as written. What a construct the model does not see might still change
+is what the proof (``jit.split_proof``) compares: this TU's PTX against the file's as written."""
 from __future__ import annotations
 
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Set
 
 from . import tree as ts
-from .errors import Refuse
-from .host import line_mark, variable_symbol
-from .model import DEVICE_KINDS, Item, Model, Scope, check_conditions, leading_start
-from .params import device_definition, signature, variable_reference
+from .layout import Edit, Line, blank_keeping_directives, directive_spans, rewrite
+from .model import DEVICE_KINDS, Item, Model, anon_opener
 from .source import Flat
 
+#: what torch's umbrella headers gave device code, light enough to compile with it in about a second: the
+#: standard and CUDA headers always, and each of torch's light headers where kept code names what it declares
+PRELUDE = ("cstdint", "cstddef", "cstdio", "cstdlib", "cmath", "cfloat", "climits", "limits", "type_traits",
+           "utility", "algorithm", "cuda.h", "cuda_fp16.h", "cuda_bf16.h", "c10/macros/Macros.h")
+_ACCESSORS = ("PackedTensorAccessor32", "PackedTensorAccessor64", "GenericPackedTensorAccessor",
+              "PackedTensorAccessor", "TensorAccessor", "TensorAccessorBase", "GenericPackedTensorAccessorBase",
+              "RestrictPtrTraits", "DefaultPtrTraits")
+PRELUDE_BY_NAME = (("c10/util/Half.h", ("Half",)), ("c10/util/BFloat16.h", ("BFloat16",)),
+                   ("c10/util/complex.h", ("complex",)), ("ATen/core/TensorAccessor.h", _ACCESSORS))
 PRELUDE_MARK = "// kernelkit split: prelude"
-#: what torch's umbrella headers gave every file for free; cheap next to them (~0.1 s)
-STD_BUNDLE = ("cstdint", "cstddef", "cstdio", "cstdlib", "cmath", "cfloat", "climits", "limits", "type_traits",
-              "utility", "algorithm", "cuda.h", "cuda_fp16.h", "cuda_bf16.h")  # cuda.h: CUDA_VERSION
-#: torch names device code may use, and the light header that declares each
-TORCH_NAMES = {
-    "Half": "c10/util/Half.h", "BFloat16": "c10/util/BFloat16.h", "complex": "c10/util/complex.h",
-    **{n: "ATen/core/TensorAccessor.h" for n in (
-        "PackedTensorAccessor32", "PackedTensorAccessor64", "GenericPackedTensorAccessor", "PackedTensorAccessor",
-        "TensorAccessor", "TensorAccessorBase", "GenericPackedTensorAccessorBase", "RestrictPtrTraits",
-        "DefaultPtrTraits")},
-}
-_TORCH_NS = ("at", "c10", "torch")
-_HEADER_ORDER = ("c10/macros/Macros.h", "c10/util/Half.h", "c10/util/BFloat16.h", "c10/util/complex.h",
-                 "ATen/core/TensorAccessor.h")
+PRELUDE_FILE = "<kernelkit: prelude>"  # what the prelude's lines cite
+#: torch's umbrella headers declare torch:: as at:: (torch/types.h); the prelude says the same
+TORCH_ALIAS = "namespace torch { using namespace at; }"
+#: namespaces of torch's heavy API: a declaration naming one is host code unless device code names it
+HEAVY_SCOPES = frozenset({"torch", "at", "c10", "caffe2", "pybind11", "py"})
+#: what the prelude declares under those namespaces (anything else there needs torch's umbrella headers)
+LIGHT_NAMES = frozenset({
+    "Half", "BFloat16", "complex", "PackedTensorAccessor32", "PackedTensorAccessor64", "GenericPackedTensorAccessor",
+    "PackedTensorAccessor", "TensorAccessor", "TensorAccessorBase", "GenericPackedTensorAccessorBase",
+    "RestrictPtrTraits", "DefaultPtrTraits", "Float8_e4m3fn", "Float8_e5m2", "cuda", "detail", "headeronly"})
+#: macro prefixes of torch's heavy API (TORCH_CHECK, AT_DISPATCH_*, PYBIND11_MODULE, C10_CUDA_CHECK, ...)
+HEAVY_MACROS = ("TORCH_", "AT_", "PYBIND11_", "C10_CUDA_", "C10_REGISTER", "C10_DEFINE", "C10_DECLARE",
+                "TORCH_LIBRARY")
+_REMOVABLE = frozenset({"decl", "using", "other", "fn_decl", "host_fn"})
 
 
-def device_tu(model: Model, flat: Flat) -> str:
-    chosen = _closure(model)
-    headers, torch_alias, directives = _prelude(model, chosen)
-    out: List[str] = []
-    open_scopes: Tuple[Scope, ...] = ()
+def prelude_text(names) -> str:
+    """The prelude for kept code that uses ``names``."""
+    headers = list(PRELUDE) + [h for h, wanted in PRELUDE_BY_NAME if set(wanted) & names]
+    return "\n".join([PRELUDE_MARK] + [f"#include <{h}>" for h in headers] + [TORCH_ALIAS]) + "\n"
+
+
+def device_lines(model: Model, flat: Flat, heavy_include, frame: bool = False, whole_prelude: bool = False
+                 ) -> List[Line]:
+    """The device TU as (line, origin) pairs. ``heavy_include(name)``: whether an ``#include`` of torch's (the
+    name as written) is one the prelude stands in for, rather than a light header kept as written. ``frame``:
+    without its device code too (what a proof covers besides the names that code uses). ``whole_prelude``: with
+    every light header (for code that reaches a torch type without naming it)."""
+    src = model.src
+    needed = _named_by_device_code(model)
+    removed = _host_only_items(model, needed)
+    prelude = prelude_text({n for _, names in PRELUDE_BY_NAME for n in names} if whole_prelude
+                           else _kept_names(model, removed))
+    edits: List[Edit] = []
     prelude_done = False
     for it in model.items:
-        if it.kind == "torch_include" and not prelude_done:
-            out += _close(open_scopes)
-            open_scopes = ()
-            out.append(prelude_text(model, headers, torch_alias, directives) + line_mark(*flat.where(it.line0 + 1)))
+        if it.kind == "torch_include":
+            name = model.text(it.node.child_by_field_name("path"))
+            if not heavy_include(name):
+                continue
+            edits.append(Edit(it.start, it.end, "" if prelude_done else prelude, cite=PRELUDE_FILE))
             prelude_done = True
-            continue
-        if id(it) not in chosen:
-            continue
-        out += _reopen(open_scopes, it.scope)
-        open_scopes = it.scope
-        out.append(line_mark(*flat.where(it.line0)) + _item_text(model, it) + "\n")
-        out += _after(model, it, flat)
-    out += _close(open_scopes)
-    if not prelude_done:
-        out.insert(0, prelude_text(model, headers, torch_alias, directives))
-    return "".join(out)
+        elif id(it) in removed or (frame and (it.kind in DEVICE_KINDS or it.kind == "hd_fn")):
+            edits.append(Edit(it.start, it.end, blank_keeping_directives(src, it.start, it.end,
+                                                                         directive_spans(it.node, model.src))))
+    for ns in model.anon_namespaces:
+        body = ns.child_by_field_name("body")
+        edits.append(Edit(ns.start_byte, body.start_byte + 1, anon_opener(model)))
+    lines = rewrite(src, edits, flat)
+    if not prelude_done and model.torch_includes:
+        lines = [(ln, (PRELUDE_FILE, i + 1)) for i, ln in enumerate(prelude.splitlines())] + lines
+    return lines
 
 
-def _item_text(model: Model, it: Item) -> str:
-    """From the start of the item's first line when only blanks precede it, so columns in diagnostics agree."""
-    line_start = model.src.rfind(b"\n", 0, it.start) + 1
-    start = it.start if model.src[line_start:it.start].strip() else line_start
-    if it.kind == "hd_fn" and _needs_inline(model, it):
-        # the host TU defines the host side too: inline keeps the device TU's copy from clashing at link time
-        at = leading_start(model, it.fn)
-        return (model.src[start:at] + b"inline " + model.src[at:it.end]).decode("utf-8", "surrogateescape")
-    return model.src[start:it.end].decode("utf-8", "surrogateescape")
+def _kept_names(model: Model, removed: Set[int]) -> Set[str]:
+    """Every name the code the device TU keeps uses."""
+    return {name for it in model.items if it.kind not in ("torch_include", "include") and
+            id(it) not in removed for name, _ in ts.identifiers(it.node, model.src)}
 
 
-def _needs_inline(model: Model, it: Item) -> bool:
-    if it.tparams is not None or it.fn.type != "function_definition":
-        return False
-    specifiers = {model.text(k) for k in it.fn.children if k.type in ("storage_class_specifier", "type_qualifier")}
-    quals = it.quals | {q for n in model.masked.masked_names(it.start, it.end) for q in model.masked.macros.get(n, ())}
-    return not ({"inline", "static", "constexpr", "__forceinline__", "__inline__"} & (specifiers | quals))
+def _host_only_items(model: Model, needed: Set[str]) -> Set[int]:
+    """The items the device TU leaves out (by id): host code (``_host_only``), and then, until nothing more
+    goes, what device code does not name and that names something left out (``Fn g_fn;`` after ``struct Fn``
+    went for naming torch)."""
+    removed = {id(it) for it in model.items if _host_only(model, it, needed)}
+    while True:
+        gone = {n for it in model.items if id(it) in removed for n in it.names}
+        more = {id(it) for it in model.items
+                if id(it) not in removed and it.kind in _REMOVABLE and not it.constexpr
+                and not (set(it.names) & needed) and _names(model, it) & gone}
+        if not more:
+            return removed
+        removed |= more
 
 
-def _after(model: Model, it: Item, flat: Flat) -> List[str]:
-    if it.kind == "kernel":
-        return [line_mark(*flat.where(it.line0)) + device_definition(model, it, signature(model, it)) + "\n"]
-    if it.kind == "device_var" and it.host_used:
-        return [line_mark(*flat.where(it.line0)) +
-                " ".join(variable_reference(model, it, n, variable_symbol(model, it, n), n) for n in it.names) + "\n"]
-    return []
-
-
-def _reopen(current: Tuple[Scope, ...], wanted: Tuple[Scope, ...]) -> List[str]:
-    common = 0
-    while common < min(len(current), len(wanted)) and current[common] == wanted[common]:
-        common += 1
-    return _close(current[common:]) + [s.opener + "\n" for s in wanted[common:]]
-
-
-def _close(scopes: Tuple[Scope, ...]) -> List[str]:
-    return [s.closer + "\n" for s in reversed(scopes)]
-
-
-def prelude_text(model: Model, headers: List[str], torch_alias: bool, directives: List[str]) -> str:
-    lines = [PRELUDE_MARK]
-    if model.torch_includes:
-        lines += [f"#include <{h}>" for h in STD_BUNDLE]
-    lines += [f"#include <{h}>" for h in headers]
-    if torch_alias:
-        lines.append("namespace torch { using namespace at; }")
-    lines += directives
-    return "\n".join(lines) + "\n"
-
-
-# ----------------------------------------------------------------------------------------------- selection
-def _uses(model: Model, it: Item) -> Set[str]:
+def _names(model: Model, it: Item) -> Set[str]:
     return {name for name, _ in ts.identifiers(it.node, model.src)}
 
 
-def _closure(model: Model) -> Set[int]:
-    """The items the device TU keeps: device code, every top-level macro and non-torch include (in file
-    order), and the declarations device code names, transitively (types, constants, constexpr functions)."""
-    chosen: Set[int] = set()
+def _host_only(model: Model, it: Item, needed: Set[str]) -> bool:
+    """Host code the device TU leaves out: host functions (but constexpr ones, which device code may call),
+    host function declarations, and declarations of torch's heavy API that device code does not name."""
+    if it.kind not in _REMOVABLE or it.constexpr:
+        return False
+    if it.kind in ("host_fn", "fn_decl"):
+        return True
+    return not (set(it.names) & needed) and names_heavy_api(model, it)
+
+
+def names_heavy_api(model: Model, it: Item) -> bool:
+    for n in ts.walk(it.node):
+        if n.type == "qualified_identifier" and (n.parent is None or n.parent.type != "qualified_identifier"):
+            scope = n.child_by_field_name("scope")
+            if scope is not None and model.text(scope).split("<")[0] in HEAVY_SCOPES and \
+                    _last_name(model, n) not in LIGHT_NAMES:
+                return True
+        elif n.type == "namespace_identifier" and model.text(n) in ("pybind11", "py", "caffe2"):
+            return True
+    for name, _ in ts.identifiers(it.node, model.src):
+        if name.startswith(HEAVY_MACROS):
+            return True
+    return it.node.type == "using_declaration" and any(k.type == "namespace" for k in it.node.children) and \
+        model.text(it.node.named_children[-1]) in ("pybind11", "py", "caffe2", "torch::indexing")
+
+
+def _last_name(model: Model, n) -> str:
+    while n.type == "qualified_identifier":
+        inner = n.child_by_field_name("name")
+        if inner is None:
+            break
+        n = inner
+    return model.text(n).split("<")[0]
+
+
+def _named_by_device_code(model: Model) -> Set[str]:
+    """Every name device code uses, and, transitively, every name the declarations of those names use."""
     declares: Dict[str, List[Item]] = {}
-    needed: List[str] = []
     for it in model.items:
-        if it.cond:
-            if it.kind in ("macro", "decl", "using", "host_fn", "undef"):
-                for n in it.names:
-                    declares.setdefault(n, []).append(it)
-            continue
-        if it.kind in DEVICE_KINDS or it.kind in ("hd_fn", "macro", "undef") or \
-                (it.kind == "include" and not it.scope):
-            chosen.add(id(it))
-            if it.kind != "macro" and it.kind != "include":
-                needed += _uses(model, it)
-        elif (it.kind in ("decl", "using") and _copyable(model, it)) or (it.kind == "host_fn" and _constexpr(model, it)):
+        if it.kind not in DEVICE_KINDS and it.kind != "hd_fn":
             for n in it.names:
                 declares.setdefault(n, []).append(it)
-    for launch in model.launches:
-        fn = launch.call.child_by_field_name("function")
-        if fn.type == "template_function":
-            needed += [n for n, _ in ts.identifiers(fn.child_by_field_name("arguments"), model.src)]
-    macros = {it.names[0]: it for it in model.items if it.kind == "macro" and not it.cond}
+    todo = [name for it in model.items if it.kind in DEVICE_KINDS or it.kind == "hd_fn"
+            for name, _ in ts.identifiers(it.node, model.src)]
     seen: Set[str] = set()
-    while needed:
-        name = needed.pop()
+    while todo:
+        name = todo.pop()
         if name in seen:
             continue
         seen.add(name)
-        if name in macros:
-            needed += _uses(model, macros[name])
         for it in declares.get(name, ()):
-            if it.cond:
-                raise Refuse(f"device code uses {name}, which is declared under a preprocessor conditional",
-                             it.line0 + 1)
-            if id(it) not in chosen:
-                check_conditions(model, it)  # a type's layout must not depend on torch's macros either
-                chosen.add(id(it))
-                needed += _uses(model, it)
-    return chosen
+            todo += [n for n, _ in ts.identifiers(it.node, model.src)]
+    return seen
 
 
-def _copyable(model: Model, it: Item) -> bool:
-    """Types and aliases, and variables whose copy has internal linkage (const, constexpr, static): a second
-    definition of anything else would clash with the host TU's at link time."""
-    if it.fn.type != "declaration" or not it.fn.children_by_field_name("declarator"):
-        return True
-    words = {model.text(k) for k in it.fn.children if k.type in ("storage_class_specifier", "type_qualifier")}
-    return bool(words & {"const", "constexpr", "static"}) and "extern" not in words
+def frame_text(model: Model, flat: Flat, heavy_include) -> str:
+    """The device TU without its device code, as text without line structure."""
+    return "\n".join(text for text, _ in device_lines(model, flat, heavy_include, frame=True) if text.strip())
 
 
-def _constexpr(model: Model, it: Item) -> bool:
-    return any(model.text(k) in ("constexpr", "consteval") for k in it.fn.children if k.type != "compound_statement")
+#: nodes that declare a name local to the function they are in
+_LOCAL_DECLARATIONS = frozenset({"parameter_declaration", "optional_parameter_declaration",
+                                 "variadic_parameter_declaration", "type_parameter_declaration",
+                                 "optional_type_parameter_declaration", "variadic_type_parameter_declaration",
+                                 "template_template_parameter_declaration", "for_range_loop", "declaration",
+                                 "init_declarator", "structured_binding_declarator"})
 
 
-# ----------------------------------------------------------------------------------------------- prelude
-def _prelude(model: Model, chosen: Set[int]) -> Tuple[List[str], bool, List[str]]:
-    """The torch headers device code needs, whether it names ``torch::`` (an alias of ``at::`` in torch), and
-    the using-directives of torch namespaces its unqualified torch names rely on."""
-    headers: Set[str] = set()
-    torch_alias = False
-    unqualified: Set[str] = set()
+def device_names(model: Model) -> Set[str]:
+    """The names device code uses that it does not declare itself (parameters, locals, template parameters):
+    what a proof of its device code has to have seen."""
+    used: Set[str] = set()
     for it in model.items:
-        if id(it) not in chosen or it.kind in ("include", "undef"):
+        if it.kind not in DEVICE_KINDS and it.kind != "hd_fn":
             continue
-        for node in ts.walk(it.node):
-            if node.type == "qualified_identifier" and (node.parent is None or node.parent.type != "qualified_identifier"):
-                torch_alias |= _torch_name(model, node, headers)
-        if any(n.startswith("C10_") for n in model.masked.masked_names(it.start, it.end)):
-            headers.add("c10/macros/Macros.h")
-        for name, leaf in ts.identifiers(it.node, model.src):
-            if name.startswith("C10_") and it.kind != "macro":
-                headers.add("c10/macros/Macros.h")
-            elif name in TORCH_NAMES and leaf.parent is not None and leaf.parent.type != "qualified_identifier":
-                unqualified.add(name)
-    directives = _torch_directives(model)
-    if unqualified and directives:
-        headers |= {TORCH_NAMES[n] for n in unqualified}
-    ordered = [h for h in _HEADER_ORDER if h in headers]
-    return ordered, torch_alias, (directives if headers else [])
+        local = _locals(model, it)
+        used |= {name for name, leaf in ts.identifiers(it.node, model.src)
+                 if name not in local and (leaf.type in ts.IDENTIFIER_TYPES or leaf.type == "preproc_arg")}
+    return used
 
 
-def _torch_name(model: Model, node, headers: Set[str]) -> bool:
-    scope = node.child_by_field_name("scope")
-    if scope is None or model.text(scope) not in _TORCH_NS:
+def _locals(model: Model, it: Item) -> Set[str]:
+    """Names ``it`` declares inside itself (its own name, declared at namespace scope, is not one of them)."""
+    out: Set[str] = set()
+    top = it.fn
+    for n in ts.walk(it.node):
+        if n.type not in _LOCAL_DECLARATIONS or n is top:
+            continue
+        if n.type == "declaration" and n.parent is not None and n.parent.type not in (
+                "compound_statement", "for_statement", "condition_clause"):
+            continue
+        for leaf in ts.walk(n):
+            if leaf.type in ("identifier", "type_identifier") and _declares(leaf):
+                out.add(model.text(leaf))
+    return out
+
+
+def _declares(leaf) -> bool:
+    """Whether ``leaf`` is the name a declarator introduces (not a name its type or initialiser uses)."""
+    parent = leaf.parent
+    if parent is None:
         return False
-    last = node
-    while last.type == "qualified_identifier":
-        last = last.child_by_field_name("name")
-    name = model.text(last).split("<")[0]
-    if name not in TORCH_NAMES:
-        raise Refuse(f"device code uses torch's {model.text(node).split('<')[0]}, which needs torch's headers",
-                     ts.line(node))
-    headers.add(TORCH_NAMES[name])
-    return model.text(scope) == "torch"
-
-
-def _torch_directives(model: Model) -> List[str]:
-    out = []
-    for it in model.items:
-        if it.kind != "using" or it.scope or it.names:
-            continue
-        target = model.text(it.node.named_children[-1]) if it.node.named_children else ""
-        if target in _TORCH_NS:
-            out.append(f"using namespace {'at' if target == 'torch' else target};")
-    return sorted(set(out))
+    if parent.type in ("type_parameter_declaration", "optional_type_parameter_declaration",
+                       "variadic_type_parameter_declaration"):
+        return True
+    field = None
+    for name in ("declarator", "name"):
+        if parent.child_by_field_name(name) is leaf or parent.child_by_field_name(name) == leaf:
+            field = name
+    if field is None:
+        return parent.type == "structured_binding_declarator"
+    return parent.type not in ("qualified_identifier", "template_function", "template_type", "call_expression")

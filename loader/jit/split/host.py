@@ -1,73 +1,30 @@
-"""The host TU: the file for g++, with device code taken out (line count kept, so diagnostics and
-``__LINE__`` keep citing the user's lines), every ``<<<>>>`` launch turned into a call of the kernel's
-launcher, and each kernel definition replaced by that launcher's declaration in the same place."""
+"""The host TU: the file for g++ with the device code taken out, as nvcc's host pass sees it. Kernels stay as
+declarations of the functions nvcc makes of them (their host-side stubs, which the device TU's object defines),
+a ``<<<>>>`` launch becomes what nvcc makes of it (the configuration pushed first, then the stub called with the
+arguments), device variables that host code names become ``extern`` declarations of the same type (bound to the
+device TU's host shadows), and device functions go (their directives stay: a ``#define`` in a kernel body still
+defines its macro for the host code after it).
+
+Lines that device code took are gone, not blanked: a ``#line`` mark says where each run of host lines comes
+from, so an edit that adds lines to device code changes the TU only in the numbers of its marks
+(``jit.host_lines`` compiles it so that those numbers are not part of the object)."""
 from __future__ import annotations
 
-from typing import List, NamedTuple, Tuple
+import hashlib
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Tuple
 
 from . import tree as ts
 from .errors import Refuse
-from .model import TORCH_INCLUDES, Model, anon_opener, leading_start
-from .params import host_declaration, signature, variable_reference
+from .layout import Edit, Line, directive_spans, marked, quote, rewrite
+from .model import TORCH_INCLUDES, Item, Model, anon_opener, leading_start
 from .source import Flat
 
-Edit = Tuple[int, int, str]
-_BLANK = ("__host__", "__device__")
-
-
-class HostTU(NamedTuple):
-    text: str  # the whole TU
-    #: the prefix and the file's leading ``#include <...>`` lines when they include torch, else ""; then
-    #: ``#include <preamble>`` + ``rest`` is the same token stream as ``text`` (``rest`` keeps the line marks).
-    #: Many files start with the same includes, so the preamble is worth precompiling (``build._pch_plan``).
-    preamble: str = ""
-    rest: str = ""
-
-
-def host_text(model: Model, flat: Flat) -> HostTU:
-    edits: List[Edit] = []
-    for it in model.items:
-        if it.kind in ("kernel", "kernel_decl"):
-            decl = host_declaration(model, it, signature(model, it))
-            edits.append(_replace(model, it.start, it.end, decl))
-        elif it.kind == "device_fn":
-            edits.append(_replace(model, it.start, it.end, ""))
-        elif it.kind == "device_var":
-            edits.append(_replace(model, it.start, it.end, _host_variable(model, it)))
-        elif it.kind == "macro" and it.names[0] in model.masked.macros:
-            edits += _blank_tokens_in_macro(model, it)
-        elif it.kind in ("hd_fn", "decl", "other", "using", "host_fn"):
-            edits += _strip_members(model, it.node)
-    for ns in model.anon_namespaces:
-        body = ns.child_by_field_name("body")
-        edits.append((ns.start_byte, body.start_byte + 1, anon_opener(model)))
-    edits += _launch_edits(model)
-    text = _apply(model.src, edits)
-    whole = _with_lines(text, flat, prefix=_prefix(model))
-    includes, rest_line0 = _leading_includes(model)
-    if not any(p[1:-1].startswith(TORCH_INCLUDES) for p in includes):
-        return HostTU(whole)
-    preamble = _prefix(model) + "".join(f"#include {p}\n" for p in includes)
-    return HostTU(whole, preamble, _with_lines(text, flat, prefix="", start=rest_line0))
-
-
-def _leading_includes(model: Model) -> Tuple[List[str], int]:
-    """The ``<...>`` paths the file includes before anything but comments (a #define or #if before or between
-    them would change what they mean), and the 0-based line after the last. No edit touches those lines."""
-    includes, rest_line0 = [], 0
-    for c in model.masked.tree.root_node.children:
-        if c.type == "comment":
-            continue
-        path = c.child_by_field_name("path") if c.type == "preproc_include" else None
-        if path is None or path.type != "system_lib_string":
-            break
-        includes.append(model.text(path))
-        rest_line0 = model.src.count(b"\n", 0, c.end_byte) + (not model.src[:c.end_byte].endswith(b"\n"))
-    return includes, rest_line0
-
-
-#: cuda_runtime.h's C++ overloads taking a device variable by reference exist only under nvcc; without them
-#: g++ would pass a pointer variable's value (not its address) to the C API. The same templates, for g++.
+#: what nvcc's launch calls first (cuda_runtime.h declares it only for nvcc)
+PUSH_CONFIGURATION = ("extern \"C\" unsigned __cudaPushCallConfiguration(dim3 gridDim, dim3 blockDim, "
+                      "size_t sharedMem = 0, struct CUstream_st *stream = 0);\n")
+#: cuda_runtime.h's C++ overloads taking a device symbol or a kernel exist only under nvcc; without them g++
+#: would pass a pointer variable's value (not its address) to the C API. The same templates, for g++.
 SYMBOL_API = """template <class T> static inline cudaError_t cudaMemcpyToSymbol(const T& symbol, const void* src, \
 size_t count, size_t offset = 0, enum cudaMemcpyKind kind = cudaMemcpyHostToDevice) { \
 return ::cudaMemcpyToSymbol((const void*)&symbol, src, count, offset, kind); }
@@ -84,72 +41,302 @@ template <class T> static inline cudaError_t cudaGetSymbolAddress(void** devPtr,
 return ::cudaGetSymbolAddress(devPtr, (const void*)&symbol); }
 template <class T> static inline cudaError_t cudaGetSymbolSize(size_t* size, const T& symbol) { \
 return ::cudaGetSymbolSize(size, (const void*)&symbol); }
+template <class T> static inline cudaError_t cudaFuncSetCacheConfig(T* func, enum cudaFuncCache cacheConfig) { \
+return ::cudaFuncSetCacheConfig((const void*)func, cacheConfig); }
+template <class T> static inline cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes* attr, T* entry) { \
+return ::cudaFuncGetAttributes(attr, (const void*)entry); }
+template <class T> static inline cudaError_t cudaFuncSetAttribute(T* entry, enum cudaFuncAttribute attr, \
+int value) { return ::cudaFuncSetAttribute((const void*)entry, attr, value); }
 """
-
-
 #: torch 2.11 declares RestrictPtrTraits only under nvcc (torch/headeronly/core/TensorAccessor.h); host code
 #: naming it (``packed_accessor32<float, 2, torch::RestrictPtrTraits>()``) gets the same template here
 RESTRICT_PTR_TRAITS = """namespace torch { namespace headeronly { template <typename T> struct RestrictPtrTraits { \
 typedef T* __restrict__ PtrType; }; } }
 namespace at { using torch::headeronly::RestrictPtrTraits; }
 """
+_DROPPED_SPECIFIERS = ("static", "inline", "__forceinline__", "__noinline__", "__inline__")
+
+
+@dataclass(frozen=True)
+class HostTU:
+    """The host TU as lines with their origins. Where the file starts with ``#include <...>`` lines that include
+    torch, those and the prefix are a header of their own (the preamble, which many files share and gcc can
+    take precompiled); the TU is then ``#include <preamble>`` and the rest."""
+
+    prefix: str
+    lines: Tuple[Line, ...]
+    preamble_lines: int  # how many of ``lines`` belong to the preamble (0: no preamble)
+
+    @property
+    def preamble(self) -> str:
+        if not self.preamble_lines:
+            return ""
+        return self.prefix + "".join(text + "\n" for text, _ in self.lines[:self.preamble_lines])
+
+    @property
+    def preamble_name(self) -> str:
+        return f"kk_host_preamble_{hashlib.sha256(self.preamble.encode()).hexdigest()[:16]}.h"
+
+    def include_line(self) -> str:
+        """What stands for the preamble (the prefix itself where there is none)."""
+        return f"#include <{self.preamble_name}>\n" if self.preamble_lines else self.prefix
+
+    def rest_text(self, numbers: Optional[Callable[[int, int], int]] = None) -> str:
+        """The lines after the preamble with their marks (``numbers``: as for ``layout.marked``)."""
+        return marked(self.lines[self.preamble_lines:], numbers=numbers)
+
+    @property
+    def rest(self) -> Tuple[Line, ...]:
+        return self.lines[self.preamble_lines:]
+
+    def without_line_numbers(self) -> str:
+        """The TU as its object depends on it where line numbers are read from a table: the lines, and a mark
+        naming the file wherever it changes (``__FILE__``), but no numbers and no mark where lines merely jump."""
+        out, current = [self.include_line()], None
+        for text, (path, _) in self.rest:
+            if path != current:
+                out.append(f'#line 1 "{path}"\n')
+                current = path
+            out.append(text + "\n")
+        return "".join(out)
+
+    def each_line_marked(self, step: int) -> str:
+        """The TU with a mark before every line, line i's number moved by ``step * (i + 1)``: where a preprocessed
+        number differs from the TU's own by such a multiple, it is the line number of line i."""
+        out = [self.include_line()]
+        continued = False
+        for i, (text, (path, line)) in enumerate(self.rest):
+            if not continued:  # a mark inside a directive continued with a backslash would be part of it
+                out.append(f'#line {line + step * (i + 1)} "{quote(path)}"\n')
+            out.append(text + "\n")
+            continued = text.endswith("\\")
+        return "".join(out)
+
+    def line_numbers(self) -> List[int]:
+        """The line each line after the preamble stands for."""
+        return [line for _, (_, line) in self.rest]
+
+    @property
+    def text(self) -> str:
+        return self.include_line() + self.rest_text()
+
+    @property
+    def whole(self) -> str:
+        """The TU with the preamble written in: what compiles without the preamble's header."""
+        return marked(self.lines, self.prefix)
+
+
+
+def host_text(model: Model, flat: Flat) -> HostTU:
+    dropped = _emptied_blocks(model)
+    edits: List[Edit] = [Edit(*_line_span(model, s, e), "") for s, e in dropped]
+    for it in model.items:
+        if any(s <= it.start < e for s, e in dropped):
+            continue
+        if it.kind in ("kernel", "kernel_decl"):
+            edits += _kernel_declaration(model, it)
+        elif it.kind == "device_fn" and it.host_used and it.constexpr:
+            edits += _strip_members(model, it.node)  # host code may call it (relaxed constexpr): it stays whole
+        elif it.kind == "device_fn" and it.host_used:
+            edits += _declaration(model, it)
+        elif it.kind in ("device_fn", "device_var") and not it.host_used:
+            edits += _taken_out(model, it, "")
+        elif it.kind == "device_var":
+            edits += _extern_variable(model, it)
+        elif it.kind in ("hd_fn", "decl", "other", "using"):
+            edits += _strip_members(model, it.node)
+    for ns in model.anon_namespaces:
+        body = ns.child_by_field_name("body")
+        if not any(s <= ns.start_byte < e for s, e in dropped):
+            edits.append(Edit(ns.start_byte, body.start_byte + 1, anon_opener(model)))
+    edits += _launch_edits(model)
+    lines = rewrite(model.src, edits, flat)
+    droppable = _blank_or_comment_lines(model, flat)
+    lines = [ln for ln in lines if not (ln[1] in droppable and (not ln[0].strip() or ln[0] == droppable[ln[1]]))]
+    return HostTU(_prefix(model), tuple(lines), _leading_includes(lines))
+
+
+def _blank_or_comment_lines(model: Model, flat: Flat) -> dict:
+    """origin -> text of each line of the file that holds nothing but blanks and comments, outside any literal:
+    the host TU leaves them out, so that a comment or a blank line around device code is no host edit."""
+    src = model.src
+    comment = bytearray(len(src))
+    literal = bytearray(len(src))
+    for n in ts.walk(model.masked.tree.root_node):
+        if n.type == "comment":
+            comment[n.start_byte:n.end_byte] = b"\1" * (n.end_byte - n.start_byte)
+        elif n.type in ("raw_string_literal", "string_literal", "char_literal", "preproc_arg"):
+            literal[n.start_byte:n.end_byte] = b"\1" * (n.end_byte - n.start_byte)
+    out, pos = {}, 0
+    for i, raw in enumerate(src.split(b"\n")):
+        end = pos + len(raw)
+        if not any(literal[pos:end]) and all(comment[k] or raw[k - pos:k - pos + 1].isspace()
+                                            for k in range(pos, end)):
+            out[flat.where(i)] = raw.decode("utf-8", "surrogateescape")
+        pos = end + 1
+    return out
+
+
+def _emptied_blocks(model: Model) -> List[Tuple[int, int]]:
+    """Byte spans of the namespace and ``extern "C"`` blocks that hold nothing the host TU keeps (device functions
+    and variables only): left out whole, so that a new block around a new helper is no host edit. The first
+    block of each namespace stays (it declares the namespace, which a using-directive may name)."""
+    kept = [it for it in model.items if not (it.kind in ("device_fn", "device_var") and not it.host_used)]
+    spans: List[Tuple[int, int]] = []
+    seen = set()
+    for n in ts.walk(model.masked.tree.root_node):
+        if n.type not in ("namespace_definition", "linkage_specification") or \
+                any(s <= n.start_byte < e for s, e in spans):
+            continue
+        body = n.child_by_field_name("body")
+        if body is None or body.type != "declaration_list":
+            continue
+        name = model.text(n.child_by_field_name("name")) if n.type == "namespace_definition" and \
+            n.child_by_field_name("name") is not None else None
+        first = n.type == "namespace_definition" and (_namespace_path(model, n) not in seen)
+        if n.type == "namespace_definition":
+            seen.add(_namespace_path(model, n))
+        holds = [it for it in model.items if n.start_byte <= it.start < n.end_byte]
+        if first or name is None and n.type == "namespace_definition" or not holds or \
+                any(it in kept for it in holds) or directive_spans(n, model.src):
+            continue
+        spans.append((n.start_byte, n.end_byte))
+    return spans
+
+
+def _namespace_path(model: Model, n) -> Tuple[str, ...]:
+    path = []
+    while n is not None:
+        if n.type == "namespace_definition":
+            name = n.child_by_field_name("name")
+            path.append(model.text(name) if name is not None else "")
+        n = n.parent
+    return tuple(reversed(path))
 
 
 def _prefix(model: Model) -> str:
-    # what nvcc adds before the file (-include cuda_runtime.h), and cuda.h, which torch's Dispatch.h includes
-    # only under nvcc: code testing CUDA_VERSION sees what it saw there
-    return "#include <cuda_runtime.h>\n" + ("#include <cuda.h>\n" if model.torch_includes else "") + SYMBOL_API + \
+    """What nvcc adds before the file (``-include cuda_runtime.h``), and what torch's headers include only
+    under nvcc (cuda.h in Dispatch.h, cuda_fp16.h and cuda_bf16.h in Half.h/BFloat16.h): host code using them
+    (``CUDA_VERSION``, ``__float2half``) sees what it saw there."""
+    torch = "#include <cuda.h>\n#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n" if model.torch_includes else ""
+    return "#include <cuda_runtime.h>\n" + torch + PUSH_CONFIGURATION + SYMBOL_API + \
         (RESTRICT_PTR_TRAITS if b"RestrictPtrTraits" in model.src else "")
 
 
-def _replace(model: Model, start: int, end: int, text: str) -> Edit:
-    """Replace src[start:end] by ``text`` padded to the same number of lines."""
-    lines = model.src[start:end].count(b"\n")
-    if text.count("\n") > lines:
-        text = " ".join(text.split("\n"))
-    return start, end, text + "\n" * (lines - text.count("\n"))
+def _leading_includes(lines: List[Line]) -> int:
+    """How many of the TU's first lines are ``#include <...>`` lines (or blank, or comments) ending with the
+    last such include, when one of them includes torch: no #define or #if before or between them changes
+    what they mean, so they can be one precompiled header."""
+    count, torch = 0, False
+    for i, (text, _) in enumerate(lines):
+        stripped = text.strip()
+        if not stripped or stripped.startswith("//") or (stripped.startswith("/*") and stripped.endswith("*/")):
+            continue
+        words = stripped.split(None, 1)
+        if words[0] != "#include" or len(words) < 2 or not words[1].startswith("<"):
+            break
+        torch |= words[1][1:].startswith(TORCH_INCLUDES)
+        count = i + 1
+    return count if torch else 0
 
 
-def _host_variable(model: Model, var) -> str:
-    """Device variables host code names (``cudaMemcpyToSymbol(c, ...)``) become references to the host shadow
-    nvcc emits for them in the device TU, so the runtime is handed the very address it registered."""
-    refs = [variable_reference(model, var, n, variable_symbol(model, var, n), None) for n in var.names
-            if var.host_used]
-    return " ".join(refs)
+def _line_span(model: Model, start: int, end: int) -> Tuple[int, int]:
+    """``start``..``end`` widened to whole lines where only blanks share them (so taking it out leaves no line)."""
+    src = model.src
+    line_start = src.rfind(b"\n", 0, start) + 1
+    if not src[line_start:start].strip():
+        start = line_start
+    line_end = src.find(b"\n", end)
+    line_end = len(src) if line_end < 0 else line_end + 1
+    rest = src[end:line_end].strip()
+    if not rest or rest.startswith(b"//"):  # a comment after a closing brace goes with it
+        end = line_end
+    return start, end
 
 
-def variable_symbol(model: Model, var, name: str) -> str:
-    """Named by the variable's scope and name, not its position: a kernel edit above it keeps the host TU."""
-    import hashlib
+def _taken_out(model: Model, it: Item, first: str, head_end: Optional[int] = None) -> List[Edit]:
+    """Edits that take out ``it`` from ``head_end`` (its start by default) to its end but for its directive
+    lines, writing ``first`` where the taken-out text began."""
+    start, end = _line_span(model, it.start, it.end)
+    if head_end is not None:
+        start = head_end
+    keep = [_line_span(model, s, e) for s, e in directive_spans(it.node, model.src) if s >= start]
+    edits, pos, text = [], start, first
+    for s, e in keep:
+        if s < pos:
+            continue
+        edits.append(Edit(pos, s, text))
+        text, pos = "", e
+    edits.append(Edit(pos, end, text))
+    return edits
 
-    where = hashlib.sha256("\0".join([s.opener for s in var.scope] + [name]).encode()).hexdigest()[:8]
-    return f"kk_var_{model.tag}_{where}_{name}"
+
+def _declaration(model: Model, it: Item) -> List[Edit]:
+    """A device function's definition becomes its declaration (its own text up to the body), which host code may
+    name in ``decltype`` or ``sizeof`` as it could under nvcc."""
+    body = it.fn.child_by_field_name("body")
+    if body is None or it.fn.type != "function_definition":
+        return []
+    return _taken_out(model, it, ";\n", head_end=body.start_byte)
 
 
-def _blank_tokens_in_macro(model: Model, it) -> List[Edit]:
-    value = it.node.child_by_field_name("value")
-    body = model.text(value)
-    for q in _BLANK + ("__global__",):
-        body = body.replace(q, " " * len(q))
-    return [(value.start_byte, value.end_byte, body)]
+def _kernel_declaration(model: Model, it: Item) -> List[Edit]:
+    """A kernel's definition becomes the declaration of its host-side stub: its own text up to the body, less
+    launch bounds and what would keep the stub from being found in the other TU (``static``, ``inline``)."""
+    edits: List[Edit] = []
+    for n in ts.walk(it.node):
+        if n.type == "launch_bounds" or (n.type in _DROPPED_SPECIFIERS and n.parent is not None
+                                         and n.parent.type in ("storage_class_specifier", "function_definition",
+                                                               "declaration")):
+            edits.append(Edit(n.start_byte, n.end_byte, " " * (n.end_byte - n.start_byte)))
+        elif n.type in ("compound_statement",):
+            break
+    for s, e, quals in model.masked.qualifiers:
+        if it.start <= s < it.fn.child_by_field_name("declarator").start_byte and \
+                quals & set(_DROPPED_SPECIFIERS):
+            edits.append(Edit(s, e, " " * (e - s)))
+    body = it.fn.child_by_field_name("body")
+    if body is None:
+        return edits
+    return edits + _taken_out(model, it, ";\n", head_end=body.start_byte)
+
+
+def _extern_variable(model: Model, var: Item) -> List[Edit]:
+    """A device variable host code names: declared ``extern`` with its own type (``decltype``, ``sizeof`` and
+    ``std::extent`` see what they saw under nvcc), bound at link time to the device TU's host shadow, whose
+    address is the one the CUDA runtime registered for it."""
+    if var.constexpr:
+        return []  # host code reads its value: the declaration stays a definition
+    fn = var.fn
+    spec = []
+    for k in fn.children:
+        if k.type in ("init_declarator", ";") or k in fn.children_by_field_name("declarator"):
+            continue
+        t = model.text(k)
+        if t in ("static", "extern", "__device__", "__constant__", "inline") or k.type == "attribute_specifier":
+            continue
+        spec.append(t)
+    declarators = []
+    for d in fn.children_by_field_name("declarator"):
+        inner = d.child_by_field_name("declarator") if d.type == "init_declarator" else d
+        if inner.type == "array_declarator" and inner.child_by_field_name("size") is None:
+            raise Refuse(f"device array {model.text(inner)} of unstated size used in host code", var.line0 + 1)
+        declarators.append(model.text(inner))
+    text = f"extern {' '.join(spec)} {', '.join(declarators)};"
+    return _taken_out(model, var, " ".join(text.split("\n")) + "\n")
 
 
 def _strip_members(model: Model, node) -> List[Edit]:
-    """In host code: __host__/__device__ tokens blanked (g++ would warn about them), and the bodies of
-    device-only member functions dropped (g++ cannot compile device intrinsics; nvcc never ran them on the host)."""
+    """In host code, the bodies of device-only member functions dropped (g++ cannot compile device intrinsics;
+    nvcc never ran them on the host)."""
     edits: List[Edit] = []
     skip_until = -1
     for n in ts.walk(node):
         if n.start_byte < skip_until:
             continue
-        if n.type in _BLANK:
-            edits.append((n.start_byte, n.end_byte, " " * (n.end_byte - n.start_byte)))
-        elif n.type == "function_definition" and n != node and _device_only(model, n):
+        if n.type == "function_definition" and n != node and _device_only(model, n):
             body = n.child_by_field_name("body")
-            for k in n.children:
-                if k.type in _BLANK:
-                    edits.append((k.start_byte, k.end_byte, " " * (k.end_byte - k.start_byte)))
-            edits.append(_replace(model, body.start_byte, n.end_byte, ";"))
+            edits.append(Edit(body.start_byte, n.end_byte, ";"))
             skip_until = n.end_byte
     return edits
 
@@ -164,54 +351,18 @@ def _device_only(model: Model, fn) -> bool:
 
 
 def _launch_edits(model: Model) -> List[Edit]:
+    """``k<<<g, b, s, st>>>(args)`` as nvcc lowers it: ``(__cudaPushCallConfiguration(g, b, s, st)) ? (void)0 :
+    k(args)``, so the configuration is evaluated before the arguments, as there."""
     edits = []
     for launch in model.launches:
-        call = launch.call
-        config = next(k for k in call.children if k.type == "kernel_call_syntax")
-        args = call.child_by_field_name("arguments")
+        config = next(k for k in launch.call.children if k.type == "kernel_call_syntax")
         exprs = [k for k in config.named_children if k.type != "comment"]
         if not 2 <= len(exprs) <= 4:
             raise Refuse("a launch configuration without 2 to 4 values", ts.line(config))
-        inner = model.src[config.children[0].end_byte:config.children[-1].start_byte].decode("utf-8", "surrogateescape")
-        has_args = any(k.type not in ("(", ")", "comment") for k in args.children)
-        gap = model.src[config.end_byte:args.start_byte].count(b"\n")
-        text = "(" + inner + ", 0" * (4 - len(exprs)) + (", " if has_args else "") + "\n" * gap
-        edits.append((launch.callee.start_byte, launch.callee.end_byte, model.launcher(launch.kernel)))
-        edits.append((config.start_byte, args.start_byte + 1, text))
+        inner = model.src[config.children[0].end_byte:config.children[-1].start_byte].decode("utf-8",
+                                                                                            "surrogateescape")
+        start = launch.callee.start_byte
+        edits.append(Edit(start, start, f"(__cudaPushCallConfiguration({inner})) ? (void)0 : ",
+                          line0=model.src.count(b"\n", 0, start)))
+        edits.append(Edit(config.start_byte, config.end_byte, ""))
     return edits
-
-
-def _apply(src: bytes, edits: List[Edit]) -> str:
-    out, pos = [], 0
-    for start, end, text in sorted(edits, key=lambda e: (e[0], e[1])):
-        if start < pos:
-            raise Refuse("overlapping rewrites (the split could not place a launch or definition)", 0)
-        out += [src[pos:start], text.encode("utf-8", "surrogateescape")]
-        pos = end
-    out.append(src[pos:])
-    return b"".join(out).decode("utf-8", "surrogateescape")
-
-
-def line_mark(path: str, line: int) -> str:
-    return f'#line {line} "{quote(path)}"\n'
-
-
-def quote(path: str) -> str:
-    return path.replace("\\", "\\\\").replace('"', '\\"')
-
-
-def _with_lines(text: str, flat: Flat, prefix: str, start: int = 0) -> str:
-    """``text`` (line for line the flat file) from its line ``start`` on, with a ``#line`` mark wherever the
-    origin jumps."""
-    out = [prefix]
-    prev = None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    for i, ln in enumerate(lines[start:], start):
-        where = flat.where(i)
-        if prev is None or where != (prev[0], prev[1] + 1):
-            out.append(line_mark(*where))
-        out.append(ln + "\n")
-        prev = where
-    return "".join(out)

@@ -1,10 +1,16 @@
-"""The file as the compiler sees it before macros: local headers inlined where they are included (once, when
-guarded by ``#pragma once`` or an include guard), with a map from each line back to its file and line."""
+"""The file as the preprocessor reads it: every local header it includes written in place of its ``#include``,
+guard directives and all, so that the compilers of both TUs decide what each inclusion keeps exactly as they
+would for the file as written; with a map from each line back to its file and line.
+
+Only two things are decided here: a ``#pragma once`` becomes an include guard named for the header's path (the
+same effect for one spelling of one file), and a header included again inside its own inclusion is left out
+when its whole text is guarded (its guard is defined by then, so the preprocessor would add nothing)."""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, List, Optional, Set, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from . import tree as ts
 from .errors import Refuse
@@ -38,97 +44,111 @@ def local_headers(include_dirs) -> LocalHeader:
 class Flat:
     text: str = ""
     origin: List[Tuple[str, int]] = field(default_factory=list)  # per line: (path, 1-based line)
-    headers: List[str] = field(default_factory=list)  # inlined header paths
+    headers: List[str] = field(default_factory=list)  # inlined header paths, once each, in order
 
     def where(self, line0: int) -> Tuple[str, int]:
         return self.origin[min(line0, len(self.origin) - 1)]
 
 
-def _guard(root, src: bytes) -> Optional[Tuple[object, object]]:
-    """(#ifndef node, its #define) when the whole file is ``#ifndef X / #define X ... #endif``."""
-    code = [c for c in root.children if c.type != "comment"]
-    if len(code) != 1 or code[0].type != "preproc_ifdef" or ts.text(code[0].children[0], src) != "#ifndef":
-        return None
-    node = code[0]
-    name = node.child_by_field_name("name")
-    body = [c for c in node.named_children if c.type not in ("comment",) and c != name]
-    if not body or body[0].type != "preproc_def" or any(c.type.startswith("preproc_else") for c in body):
-        return None
-    if ts.text(body[0].child_by_field_name("name"), src) != ts.text(name, src) or \
-            body[0].child_by_field_name("value") is not None:
-        return None
-    return node, body[0]
-
-
-def _blank_lines(src: bytes, start: int, end: int) -> bytes:
-    return b"\n" * src[start:end].count(b"\n")
-
-
-def _header_body(text: str, path: str) -> Tuple[str, bool]:
-    """The header's text with its guard lines blanked (line count kept), and whether it is guarded."""
-    src = text.encode("utf-8", "surrogateescape")
-    root = ts.parse(text).root_node
-    once = [c for c in root.children if c.type == "preproc_call" and ts.text(c, src).split()[:2] == ["#pragma", "once"]]
-    if once:
-        n = once[0]
-        return (src[:n.start_byte] + _blank_lines(src, n.start_byte, n.end_byte) + src[n.end_byte:]).decode(
-            "utf-8", "surrogateescape"), True
-    guard = _guard(root, src)
-    if guard is None:
-        return text, False
-    node, define = guard
-    opener_end = node.child_by_field_name("name").end_byte
-    closer = node.children[-1]  # "#endif"
-    if closer.type != "#endif":
-        raise Refuse(f"the include guard of {Path(path).name} could not be read", 1)
-    out = (src[:node.start_byte] + b" " * (opener_end - node.start_byte) + src[opener_end:closer.start_byte]
-           + b" " * (closer.end_byte - closer.start_byte) + src[closer.end_byte:])
-    return out.decode("utf-8", "surrogateescape"), True
-
-
-def flatten(text: str, path: str, resolve: LocalHeader) -> Flat:
+def flatten(text: str, path: str, resolve: LocalHeader, first_line: int = 1) -> Flat:
+    """``text`` (the file at ``path``, its first line numbered ``first_line``) with its local headers written in."""
     flat = Flat()
-    _inline(text, path, resolve, flat, seen=set(), once=set(), depth=0)
+    _inline(text, path, resolve, flat, stack=(), first=first_line)
     return flat
 
 
-def _inline(text: str, path: str, resolve: LocalHeader, flat: Flat, seen: Set[str], once: Set[str],
-            depth: int) -> None:
-    if depth > 32:
+def once_guard(path: str) -> str:
+    return "KK_ONCE_" + hashlib.sha256(path.encode()).hexdigest()[:16]
+
+
+def _inline(text: str, path: str, resolve: LocalHeader, flat: Flat, stack: Tuple[str, ...], first: int = 1) -> None:
+    if len(stack) > 32:
         raise Refuse(f"local headers nest deeper than 32 (at {Path(path).name})", 0)
     src = text.encode("utf-8", "surrogateescape")
     root = ts.parse(text).root_node
     pos, line0 = 0, 0
-    for inc in (n for n in ts.walk(root) if n.type == "preproc_include"):
-        target = inc.child_by_field_name("path")
-        name = ts.text(target, src) if target is not None else ""
-        found = resolve(name, path) if name[:1] in '"<' else None
-        if found is None:
+    for node in ts.walk(root):
+        if node.type == "preproc_call" and ts.text(node.child_by_field_name("directive"), src) == "#include_next":
+            raise Refuse("#include_next", ts.line(node))
+        if node.type != "preproc_include":
             continue
-        start = src.rfind(b"\n", 0, inc.start_byte) + 1
-        if inc.parent != root or src[start:inc.start_byte].strip():
-            raise Refuse(f"local header {name} is included inside a block, an #if or mid-line", ts.line(inc))
-        _emit(flat, src[pos:start], path, line0)
+        target = node.child_by_field_name("path")
+        name = ts.text(target, src) if target is not None else ""
+        if name[:1] not in '"<':
+            raise Refuse(f"an #include of a macro ({name})", ts.line(node))
+        found = resolve(name, path)
+        if found is None:
+            continue  # a system header, or one that no branch the compiler takes may need
+        start = src.rfind(b"\n", 0, node.start_byte) + 1
+        if src[start:node.start_byte].strip():
+            raise Refuse(f"local header {name} is included mid-line", ts.line(node))
+        _emit(flat, src[pos:start], path, line0 + first - 1)
         line0 += src[pos:start].count(b"\n")
-        _include(name, found, resolve, flat, seen, once, depth, ts.line(inc))
-        line0 += src[start:inc.end_byte].count(b"\n")
-        pos = inc.end_byte
-    _emit(flat, src[pos:], path, line0)
+        end = node.end_byte if src[node.end_byte - 1:node.end_byte] == b"\n" else node.end_byte
+        directive_lines = max(src[start:end].count(b"\n"), 1)
+        _include(name, found, resolve, flat, stack + (path,), (path, line0 + first), directive_lines)
+        line0 += src[start:end].count(b"\n")
+        pos = end
+    _emit(flat, src[pos:], path, line0 + first - 1)
 
 
-def _include(name: str, found: Tuple[str, str], resolve: LocalHeader, flat: Flat, seen: Set[str], once: Set[str],
-             depth: int, line: int) -> None:
+def _include(name: str, found: Tuple[str, str], resolve: LocalHeader, flat: Flat, stack: Tuple[str, ...],
+             at: Tuple[str, int], directive_lines: int) -> None:
     hpath, htext = found
-    if hpath in once:
-        return  # a guarded header's second inclusion adds nothing
-    if hpath in seen:
-        raise Refuse(f"local header {name} is included twice and has no include guard", line)
-    body, guarded = _header_body(htext, hpath)
-    seen.add(hpath)
-    if guarded:
-        once.add(hpath)
-    flat.headers.append(hpath)
-    _inline(body if body.endswith("\n") else body + "\n", hpath, resolve, flat, seen, once, depth + 1)
+    guard = whole_file_guard(htext)
+    if hpath in stack:
+        if guard is None:
+            raise Refuse(f"local header {name} includes itself and is not guarded as a whole", at[1])
+        _synthesized(flat, "", at, directive_lines)  # its guard is defined by now: the inclusion adds nothing
+        return
+    if hpath not in flat.headers:
+        flat.headers.append(hpath)
+    body = htext if htext.endswith("\n") else htext + "\n"
+    once = _pragma_once(body)
+    if once is not None:
+        body = body[:once[0]] + "\n" * body.count("\n", once[0], once[1]) + body[once[1]:]
+        _synthesized(flat, f"#ifndef {once_guard(hpath)}\n#define {once_guard(hpath)}\n", (hpath, 1), 0)
+    _inline(body, hpath, resolve, flat, stack)
+    if once is not None:
+        _synthesized(flat, "#endif\n", (hpath, body.count("\n")), 0)
+    _synthesized(flat, "", at, directive_lines - 1)
+
+
+def _synthesized(flat: Flat, text: str, at: Tuple[str, int], pad_lines: int) -> None:
+    """Lines kernelkit writes (a guard for ``#pragma once``; blanks standing for an inclusion's directive),
+    cited as ``at``."""
+    text += "\n" * max(pad_lines, 0)
+    flat.text += text
+    flat.origin += [at] * text.count("\n")
+
+
+def whole_file_guard(text: str) -> Optional[str]:
+    """The macro that guards ``text`` as a whole (``#ifndef G`` / ``#define G`` ... ``#endif`` around everything
+    but comments, or ``#pragma once``), or None."""
+    if _pragma_once(text) is not None:
+        return "#pragma once"
+    src = text.encode("utf-8", "surrogateescape")
+    code = [c for c in ts.parse(text).root_node.children if c.type != "comment"]
+    if len(code) != 1 or code[0].type != "preproc_ifdef" or ts.text(code[0].children[0], src) != "#ifndef":
+        return None
+    node = code[0]
+    name = node.child_by_field_name("name")
+    body = [c for c in node.named_children if c.type != "comment" and c != name]
+    if not body or body[0].type != "preproc_def" or any(c.type.startswith("preproc_else") for c in body):
+        return None
+    if ts.text(body[0].child_by_field_name("name"), src) != ts.text(name, src):
+        return None
+    return ts.text(name, src)
+
+
+def _pragma_once(text: str) -> Optional[Tuple[int, int]]:
+    """Byte span of a top-level ``#pragma once`` (its line), or None."""
+    src = text.encode("utf-8", "surrogateescape")
+    for c in ts.parse(text).root_node.children:
+        if c.type == "preproc_call" and ts.text(c, src).split()[:2] == ["#pragma", "once"]:
+            return len(src[:c.start_byte].decode("utf-8", "surrogateescape")), \
+                len(src[:c.end_byte].decode("utf-8", "surrogateescape"))
+    return None
 
 
 def _emit(flat: Flat, chunk: bytes, path: str, line0: int) -> None:
