@@ -112,6 +112,9 @@ def _run_torch(root: Path, name: str, out: Path, steps, build: Path) -> dict:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         rows[index] = json.loads(meta.read_text()) if meta.exists() else \
             {"built": False, "error": f"no result (exit {proc.returncode}): {proc.stderr[-1500:]}"}
+        if proc.returncode < 0 or "died" in rows[index].get("run_error", ""):  # say how, for the next look
+            rows[index]["run_error"] = f"{rows[index].get('run_error', '')} (exit {proc.returncode}): " \
+                                       f"{(proc.stdout + proc.stderr)[-1500:]}"
     return rows
 
 

@@ -319,6 +319,18 @@ def test_explicit_specialisations_of_a_type_device_code_uses_stay(tmp_path):
     assert "#include <c10/util/Half.h>" in result.device
 
 
+def test_an_explicit_instantiation_of_a_kernel_goes_with_device_code(tmp_path):
+    """The device object then holds the instantiated kernel and its stub, which the host's launches bind to; the
+    host TU, where the kernel is a stub declaration, has nothing to instantiate."""
+    inst = "template __global__ void k<float, 3>(float*);"
+    src = ("#include <torch/types.h>\ntemplate <typename T, int K> __global__ void k(T* x) { x[0] *= K; }\n"
+           f"{inst}\nvoid f(at::Tensor t) {{ k<float, 3><<<1, 1>>>(t.data_ptr<float>()); }}\n")
+    result = split_text(tmp_path, src)
+    assert isinstance(result, Split), result
+    assert inst in device_text(result, [])
+    assert inst not in result.host.whole and "k<float, 3>" in result.host.whole  # the launch stays
+
+
 def test_host_code_of_torchs_heavy_api_leaves_the_device_tu(tmp_path):
     src = (HEAD + "namespace py = pybind11;\nusing torch::Tensor;\nstatic const int kThreads = 256;\n"
            "struct Fn : torch::autograd::Function<Fn> { static Tensor forward(int); };\n"

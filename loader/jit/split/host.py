@@ -139,7 +139,7 @@ def host_text(model: Model, flat: Flat) -> HostTU:
             edits += _strip_members(model, it.node)  # host code may call it (relaxed constexpr): it stays whole
         elif it.kind == "device_fn" and it.host_used:
             edits += _declaration(model, it)
-        elif it.kind in ("device_fn", "device_var") and not it.host_used:
+        elif it.kind == "kernel_instance" or it.kind in ("device_fn", "device_var") and not it.host_used:
             edits += _taken_out(model, it, "")
         elif it.kind == "device_var":
             edits += _extern_variable(model, it)

@@ -33,7 +33,7 @@ HOST_FORBIDDEN = {"thrust": "thrust called from host code", "cub": "cub called f
                       "cudaGraphAddMemcpyNodeFromSymbol", "cudaGraphMemcpyNodeSetParamsToSymbol",
                       "cudaGraphMemcpyNodeSetParamsFromSymbol", "cudaGraphExecMemcpyNodeSetParamsToSymbol",
                       "cudaGraphExecMemcpyNodeSetParamsFromSymbol")}}
-DEVICE_KINDS = frozenset({"kernel", "kernel_decl", "device_fn", "device_var"})
+DEVICE_KINDS = frozenset({"kernel", "kernel_decl", "kernel_instance", "device_fn", "device_var"})
 _SPACES = frozenset({"__global__", "__device__", "__host__", "__constant__", "__shared__", "__managed__"})
 _CONTAINERS = frozenset({"preproc_if", "preproc_ifdef", "preproc_elif", "preproc_else", "preproc_elifdef"})
 
@@ -47,7 +47,7 @@ class Scope:
 
 @dataclass
 class Item:
-    kind: str  # kernel, kernel_decl, device_fn, hd_fn, device_var, macro, undef, include, torch_include,
+    kind: str  # kernel, kernel_decl, kernel_instance, device_fn, hd_fn, device_var, macro, undef, include, torch_include,
     #            decl, fn_decl, host_fn, using, other
     start: int
     end: int
@@ -288,11 +288,12 @@ def _function_or_declaration(model: Model, fn, start: int) -> Tuple[str, Tuple[s
 
 def _instantiation(model: Model, fn, start: int) -> Tuple[str, Tuple[str, ...]]:
     """An explicit instantiation goes where what it instantiates goes: a host function's with host code, a device
-    function's with device code."""
+    function's or a kernel's with device code (the device object then holds the kernel's stub, which the host
+    object's launches bind to, as for a kernel the host object instantiates by launching it)."""
     quals = _quals(model, fn, start)
     names = tuple(declared_names(model, fn))
     if "__global__" in quals:
-        raise Refuse("an explicit instantiation of a kernel", ts.line(fn))
+        return "kernel_instance", ()  # declares no new name: host code names the kernel template, as before
     if "__device__" in quals and "__host__" not in quals:
         return "device_fn", names
     return ("hd_fn" if "__device__" in quals else "fn_decl"), names
