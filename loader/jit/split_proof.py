@@ -10,8 +10,9 @@ nvcc gives what has internal linkage (``_INTERNAL_<hash>_<file>``, unnamed names
 from __future__ import annotations
 
 import re
-import subprocess
 from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+from .split.instantiate import demangled
 
 #: a PTX function or variable at file scope, as a line starts it
 _TOP = re.compile(r"^\s*(?:\.(?:visible|weak|extern)\s+)*\.(entry|func|global|const|shared)\b")
@@ -58,13 +59,6 @@ def _declared_name(rest: str) -> str:
     return names[-1] if names else rest.strip()
 
 
-def _demangled(names: Sequence[str]) -> Dict[str, str]:
-    if not names:
-        return {}
-    out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True, check=True).stdout
-    return dict(zip(names, out.splitlines()))
-
-
 def _normal(demangled: str) -> str:
     return _ANON.sub("(anon)", _INTERNAL.sub("", demangled))
 
@@ -91,7 +85,7 @@ def normalized(ptx: str) -> Tuple[Dict[str, str], Set[str]]:
                if kind in ("global", "const") and text.lstrip().startswith((".visible", ".weak"))]
     kept = reachable(found, entries + visible)
     tokens = {t for n in kept for t in _NAME.findall(found[n][1]) if t.startswith("_Z")}  # local statics too
-    names = _demangled(sorted(kept | tokens))
+    names = demangled(sorted(kept | tokens))
     rename = {m: _normal(d) for m, d in names.items()}
 
     def name(token: str) -> str:

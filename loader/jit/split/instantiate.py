@@ -34,11 +34,16 @@ def symbols(obj: Path, undefined: bool) -> List[Tuple[str, str, str]]:
     out = subprocess.run(["nm", *flag, str(obj)], capture_output=True, text=True, check=True).stdout
     rows = [ln.split() for ln in out.splitlines() if ln.strip()]
     rows = [(r[-1], r[-2] if len(r) >= 2 else "U") for r in rows]
-    if not rows:
-        return []
-    demangled = subprocess.run(["c++filt"], input="\n".join(m for m, _ in rows), capture_output=True, text=True,
-                               check=True).stdout.splitlines()
-    return [(m, d, t) for (m, t), d in zip(rows, demangled)]
+    names = demangled([m for m, _ in rows])
+    return [(m, names[m], t) for m, t in rows]
+
+
+def demangled(names: Sequence[str]) -> Dict[str, str]:
+    """Each mangled name -> its demangled spelling (one c++filt for them all)."""
+    if not names:
+        return {}
+    out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True, check=True).stdout
+    return dict(zip(names, out.splitlines()))
 
 
 def wanted(undefined: Sequence[Tuple[str, str, str]], templates: Dict[str, Tuple[str, int]]) -> List[Symbol]:
