@@ -28,7 +28,7 @@ DEPENDENCIES = [
     "matplotlib",
     "scipy",
     "wurlitzer>=3.1",  # device printf in the cell: C-level fd capture (kernelkit.inspect.capture)
-    "tree-sitter>=0.23",  # the split of torch-style .cu files parses them (kernelkit.jit.split)
+    "tree-sitter>=0.23",  # the split of torch-style .cu files parses them (kernelkit.jit.fast.split)
     "tree-sitter-cuda>=0.21",
 ]
 

@@ -62,8 +62,9 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--out")
     args = ap.parse_args()
-    from kernelkit.jit import plan, toolchain, torch_headers
-    from kernelkit.jit.split import Split, host_flags, local_headers, split_source
+    from kernelkit.jit import plan, toolchain
+    from kernelkit.jit.fast import torch_headers
+    from kernelkit.jit.fast.split import Split, host_flags, local_headers, split_source
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="kk-host-tu-") as tmp:

@@ -30,7 +30,7 @@ _EXPORTS = {
     "BuildInfo": ("loading", "BuildInfo"),
     "Card": ("jit.cards", "Card"),
     "cards": ("jit.cards", "all_cards"),
-    "STATS": ("jit.build", "STATS"),
+    "STATS": ("jit.running", "STATS"),
     # checking and timing
     "Spec": ("harness.spec", "Spec"),
     "check": ("harness.check", "check"),

@@ -242,14 +242,16 @@ class FastPath:
 
 FAST_PATHS: Dict[str, FastPath] = {p.name: p for p in (
     FastPath("torch_cu_split", TORCH_CU, "full", "a .cu that includes torch split into a host TU and a torch-free "
-             "device TU (jit.torch_cu)"),
-    FastPath("device_rebuild", DEVICE_REBUILD, False, "a device-only edit recompiles device code alone (jit.build)"),
-    FastPath("pch", PCH, "off", "precompiled headers for binding and host TUs (jit.build)"),
-    FastPath("dtype_shards", DTYPE_SHARDS, "off", "a card's .cu compiled as one TU per floating dtype (jit.shards)"),
+             "device TU (jit.fast.torch_cu)"),
+    FastPath("device_rebuild", DEVICE_REBUILD, False, "a device-only edit recompiles device code alone "
+             "(jit.fast.device_rebuild)"),
+    FastPath("pch", PCH, "off", "precompiled headers for binding and host TUs (jit.fast.pch)"),
+    FastPath("dtype_shards", DTYPE_SHARDS, "off", "a card's .cu compiled as one TU per floating dtype "
+             "(jit.fast.shards)"),
     FastPath("link_stand_ins", LINK_STAND_INS, False, "relinks against stand-ins for torch's libraries "
-             "(jit.stand_ins)"),
+             "(jit.fast.stand_ins)"),
     FastPath("records", None, None, "warm-plan, torch-signature and launcher records skip planning on a warm load "
-             "(jit.recall via loading.extensions, loading.arguments, instant.launcher)"),
+             "(jit.fast.recall via loading.extensions, loading.arguments, instant.launcher)"),
     FastPath("fastcall", FASTCALL, "off", "kernelkit.ops calls through the fast call module (jit.fastcall)"),
     FastPath("prebuilt", None, None, "AOT-built libraries used before a JIT build (jit.prebuilt)"),
 )}

@@ -25,9 +25,6 @@ os.environ.setdefault("KERNELKIT_PCH", "0")
 # Dtype shards change how many compiles a build counts by the machine's cores: tests that count compiles see
 # one TU per file everywhere; tests/test_shards.py turns shards on and proves them equal to the whole file.
 os.environ.setdefault("KERNELKIT_DTYPE_SHARDS", "0")
-# Link stand-ins cost a traced link and a proving link per library and process: tests/test_stand_ins.py turns
-# them on and proves them.
-os.environ.setdefault("KERNELKIT_LINK_STAND_INS", "0")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -59,14 +56,20 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_collection_modifyitems(config, items):
+    from kernelkit import settings
+
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     problem = _cuda_build_problem()
     no_nvcc = pytest.mark.skip(reason=f"cannot compile CUDA here: {problem}")
+    # KERNELKIT_FAST=0 runs the suite on the core alone: a test that proves a fast path has nothing to prove
+    no_fast = pytest.mark.skip(reason="KERNELKIT_FAST=0: every fast path is off in this run")
     for item in items:
         if "gpu" in item.keywords and not HAS_GPU:
             item.add_marker(no_gpu)
         elif "cuda_build" in item.keywords and problem:
             item.add_marker(no_nvcc)
+        elif item.get_closest_marker("fast_path") is not None and not settings.FAST.get():
+            item.add_marker(no_fast)
 
 
 @pytest.fixture

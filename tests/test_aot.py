@@ -162,10 +162,10 @@ def test_aot_build_writes_entries_with_manifests(built):
 def test_prebuilt_fastcall_is_loaded_without_a_compiler(built, tmp_path):
     proc = run_python("""
         import torch
-        from kernelkit.jit import build, fastcall
+        from kernelkit.jit import fastcall, running
         m = fastcall.module()
         assert m is not None, fastcall.error()
-        print("FILE", m.__file__, "COMPILES", build.STATS["compiles"])
+        print("FILE", m.__file__, "COMPILES", running.STATS["compiles"])
     """, env=env(KERNELKIT_PREBUILT_PATH=built["out"], KERNELKIT_CACHE_DIR=tmp_path / "empty-cache"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"FILE {built['out']}{os.sep}fastcall-" in proc.stdout and "COMPILES 0" in proc.stdout, proc.stdout
@@ -297,14 +297,14 @@ def hook(event, args):  # a read-only file system, even for root
 
 sys.addaudithook(hook)
 import torch, kernelkit
-from kernelkit.jit import build
+from kernelkit.jit import running
 x = torch.randn(1000, device=sys.argv[7] if len(sys.argv) > 7 else "cpu")  # argv[7]: the device
 expected = {"sigmoid": torch.sigmoid(x), "affine": 2 * x + 1}
 for name in sys.argv[5].split(","):  # each from the folder named by argv[6]
     lib = kernelkit.load(name, kernels_dir=sys.argv[3], **({"arch": sys.argv[4]} if name == "sigmoid" else {}))
     torch.testing.assert_close(getattr(lib, name)(x), expected[name])
     assert str(lib.path).startswith(READ_ONLY[int(sys.argv[6])]), lib.path
-print("COMPILES", build.STATS["compiles"])
+print("COMPILES", running.STATS["compiles"])
 """
 
 

@@ -197,7 +197,7 @@ def test_bandwidth_measured_once_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path))
     bw = device_bandwidth("cpu")
     assert 1e8 < bw < 1e13
-    files = list(tmp_path.rglob("bandwidth.json"))
+    files = list(tmp_path.glob("v1/records/bandwidth/*.json"))
     assert len(files) == 1 and "cpu|" in files[0].read_text()
     monkeypatch.setattr(sys.modules["kernelkit.harness.bandwidth"], "time_fn", lambda *_a, **_k: pytest.fail("measured again"))
     assert device_bandwidth("cpu") == bw

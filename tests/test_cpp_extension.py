@@ -339,6 +339,7 @@ def test_cpp_extension_module_mirrors_torchs():
         cpp_extension.nonexistent
 
 
+@pytest.mark.fast_path("torch_cu_split")
 @pytest.mark.cuda_build
 def test_single_file_torch_style_cu_compiles_for_an_explicit_arch(capsys):
     before = kernelkit.STATS["compiles"]

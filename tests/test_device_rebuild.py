@@ -12,7 +12,8 @@ import pytest
 
 import kernelkit
 from kernelkit.errors import SourcesChanged
-from kernelkit.jit import build, cache, keys, sources, split, syntax
+from kernelkit.jit import build, cache, keys, running, sources, syntax
+from kernelkit.jit.fast import split
 
 CORPUS = Path(__file__).parent / "fixtures" / "torch_cu"
 
@@ -256,10 +257,10 @@ _INTERNAL_RUN = re.compile(rb"(_INTERNAL_[0-9a-f]{8}_\d+_\w+?_[0-9a-f]{8}_)(\d{4
 
 # ------------------------------------------------------------------------------------ through the loader
 def _load(path: Path, capsys):
-    before = dict(build.STATS)
+    before = dict(running.STATS)
     info = kernelkit.load("kk_device_rebuild", [str(path)], load=False, arch="9.0", is_python_module=False)
     capsys.readouterr()
-    return info, {k: build.STATS[k] - before[k] for k in ("compiles", "device_rebuilds")}
+    return info, {k: running.STATS[k] - before[k] for k in ("compiles", "device_rebuilds")}
 
 
 @pytest.mark.cuda_build
@@ -315,7 +316,7 @@ def test_an_edit_during_a_device_only_rebuild_is_not_cached(tmp_path, capsys, mo
     src = tmp_path / "k.cu"
     src.write_text(base)
     _load(src, capsys)
-    real = build.run_tool
+    real = running.run_tool
 
     def edit_while_compiling(cmd, what, target, counter):
         out = real(cmd, what, target, counter)
@@ -323,7 +324,7 @@ def test_an_edit_during_a_device_only_rebuild_is_not_cached(tmp_path, capsys, mo
             src.write_text(KERNEL.replace("2.0f * x", "8.0f * x"))
         return out
 
-    monkeypatch.setattr(build, "run_tool", edit_while_compiling)
+    monkeypatch.setattr(running, "run_tool", edit_while_compiling)
     src.write_text(KERNEL.replace("2.0f * x", "7.0f * x"))
     with pytest.raises(SourcesChanged, match="changed while it was being compiled"):
         _load(src, capsys)

@@ -28,7 +28,7 @@ import pytest
 from test_faults import TU, _running_in_group, _value, cache_root, call_f, card, launcher, make_target  # noqa: F401
 
 from kernelkit.errors import SourcesChanged
-from kernelkit.jit import build, cache
+from kernelkit.jit import build, cache, running, units
 
 STORM_SECONDS = float(os.environ.get("KERNELKIT_STORM_SECONDS", "60"))
 STORM_PROCS = 16
@@ -262,7 +262,7 @@ def _arm(point: str, marks: Path) -> None:
     elif point == "pinned":
         after(build, "_pin")
     elif point == "linker-running":
-        real_spawn = build._spawn
+        real_spawn = running.spawn
 
         def spawn(cmd):
             proc = real_spawn(cmd)
@@ -272,9 +272,9 @@ def _arm(point: str, marks: Path) -> None:
                 _die(marks, point)
             return proc
 
-        build._spawn = spawn
+        running.spawn = spawn
     elif point == "linked":
-        after(build, "run_tool", lambda cmd, what, *rest: what.startswith("linking"))
+        after(running, "run_tool", lambda cmd, what, *rest: what.startswith("linking"))
     elif point == "manifest-written":
         after(cache, "write_manifest")
     elif point == "before-publish":
@@ -608,9 +608,9 @@ def _flag_planned(d: Path):
         z = next(v for v in DIGIT_POOL if (d / "variants" / f"libz{v}.a").read_bytes() == archive)
         flags = [f.format(d=d) for _, spelled, _ in FLAG_INPUTS.values() for f in spelled]
         src = d / "f.cpp"
-        unit = build.plan_unit("cpp", src, src.read_text(), [d], flags, [], src.name)
+        unit = units.plan_unit("cpp", src, src.read_text(), [d], flags, [], src.name)
         ldflags = ["-shared", str(d / ARCHIVE)]
-        target = build.Target(name="flags", units=[unit], ldflags=ldflags, key=build.target_key("flags", [unit], ldflags),
+        target = units.Target(name="flags", units=[unit], ldflags=ldflags, key=units.target_key("flags", [unit], ldflags),
                               with_cuda=False, pymodule=None, display={str(src): src.name}, texts={})
         return target, expected + z * 10 ** len(FLAG_INPUTS)
 

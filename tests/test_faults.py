@@ -1,7 +1,7 @@
 """Cache integrity under faults: sources edited mid-build, damaged cache files and metadata, precompiled
 headers, interrupted builds, unsafe directories, gc/clear racing builds, and a short fault-injection run.
 
-Everything here builds tiny torch-free C++ libraries through build.plan_unit/Target/build directly
+Everything here builds tiny torch-free C++ libraries through units.plan_unit/Target/build directly
 (~0.2 s each) and calls them with ctypes."""
 import contextlib
 import ctypes
@@ -24,7 +24,8 @@ import pytest
 from kernelkit.diagnostics import Diagnostic
 from kernelkit.errors import BuildError, CacheSecurityError, CacheUnwritable, KernelkitError, SourcesChanged
 from kernelkit.frontends import cli
-from kernelkit.jit import build, cache, plan, prebuilt, reaper, sources, toolchain
+from kernelkit.jit import build, cache, plan, prebuilt, reaper, running, sources, toolchain, units
+from kernelkit.jit.fast import pch
 from kernelkit.jit.sources import sha256_file
 
 TU = '#include "v.h"\nextern "C" __attribute__((visibility("default"))) int f() {{ return V * 100 + {w}; }}\n'
@@ -47,13 +48,13 @@ def card(tmp_path):
     return d
 
 
-def make_target(src: Path, text=None, name="f", include_dirs=None, pch_defines=None) -> build.Target:
+def make_target(src: Path, text=None, name="f", include_dirs=None, pch_defines=None) -> units.Target:
     text = src.read_text() if text is None else text
-    unit = build.plan_unit("cpp", src, text, include_dirs or [src.parent], [], [], src.name,
+    unit = units.plan_unit("cpp", src, text, include_dirs or [src.parent], [], [], src.name,
                            pch_defines=pch_defines)
     ldflags = ["-shared"]
     display = {str(src): src.name, **{str(d): d.name for d in unit.deps}}
-    return build.Target(name=name, units=[unit], ldflags=ldflags, key=build.target_key(name, [unit], ldflags),
+    return units.Target(name=name, units=[unit], ldflags=ldflags, key=units.target_key(name, [unit], ldflags),
                         with_cuda=False, pymodule=None, display=display, texts={src.name: text.splitlines()})
 
 
@@ -109,8 +110,8 @@ def test_header_edit_during_nvcc_compile_is_not_cached(cache_root, tmp_path, mon
     (d / "k.cuh").write_text("#define K 3\n")
     src = d / "k.cu"
     src.write_text('#include "k.cuh"\n__global__ void k(int* x) { x[0] = K; }\n')
-    unit = build.plan_unit("cu", src, src.read_text(), [d], [], toolchain.arch_list("9.0"), "k.cu")
-    target = build.Target(name="k", units=[unit], ldflags=["-shared"], key=build.target_key("k", [unit], ["-shared"]),
+    unit = units.plan_unit("cu", src, src.read_text(), [d], [], toolchain.arch_list("9.0"), "k.cu")
+    target = units.Target(name="k", units=[unit], ldflags=["-shared"], key=units.target_key("k", [unit], ["-shared"]),
                           with_cuda=True, pymodule=None, display={str(src): "k.cu", str(d / "k.cuh"): "k.cuh"},
                           texts={})
     monkeypatch.setenv("KERNELKIT_COMPILER_LAUNCHER", launcher(tmp_path, f"sed -i 's/K 3/K 4/' {d / 'k.cuh'}"))
@@ -177,7 +178,7 @@ def test_header_the_include_scan_cannot_see_is_refused(cache_root, card):
 
 
 # ------------------------------------------------------------------------------ damaged cache contents
-def _built(card) -> build.Target:
+def _built(card) -> units.Target:
     target = make_target(card / "f.cpp")
     build.build(target)
     return target
@@ -240,7 +241,7 @@ def test_corrupt_entry_is_removed_only_under_its_lock(cache_root, card):
 def test_toolchain_facts_file_of_the_wrong_shape_is_recomputed(cache_root):
     toolchain.facts.cache_clear()
     toolchain.facts()
-    [facts_file] = cache_root.glob("toolchain-*.json")
+    [facts_file] = cache_root.glob("records/toolchain/*.json")
     for bad in ("{}", '{"include_cpu": 5}', "[]"):
         facts_file.write_text(bad)
         toolchain.facts.cache_clear()
@@ -283,21 +284,23 @@ def test_verify_reports_and_fixes_corrupt_entries(cache_root, card, capsys):
 
 
 # ------------------------------------------------------------------------------ precompiled headers
+@pytest.mark.fast_path("pch")
 def test_pch_is_on_unless_turned_off_and_built_at_once_with_four_cores(monkeypatch):
     if not toolchain.is_gcc():
         pytest.skip("precompiled headers are used with gcc only")
     monkeypatch.delenv("KERNELKIT_PCH", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    assert build.pch_enabled() and not build._pch_at_once()
+    assert pch.enabled() and not pch.at_once()
     monkeypatch.setenv("KERNELKIT_PCH", "1")
-    assert build.pch_enabled() and build._pch_at_once()
+    assert pch.enabled() and pch.at_once()
     monkeypatch.setenv("KERNELKIT_PCH", "0")
-    assert not build.pch_enabled()
+    assert not pch.enabled()
     monkeypatch.delenv("KERNELKIT_PCH")
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
-    assert build.pch_enabled() and build._pch_at_once()
+    assert pch.enabled() and pch.at_once()
 
 
+@pytest.mark.fast_path("pch")
 @pytest.mark.parametrize("cpus, after_link", [(2, True), (16, False)])
 def test_a_small_machine_builds_a_wanted_pch_after_the_build_at_the_lowest_priority(cache_root, tmp_path,
                                                                                     monkeypatch, cpus, after_link):
@@ -315,11 +318,11 @@ def test_a_small_machine_builds_a_wanted_pch_after_the_build_at_the_lowest_prior
                    "int f() { return g(); }\n")
     target = make_target(src, include_dirs=[inc], pch_defines=[])
     root = tmp_path / "pch"
-    monkeypatch.setattr(build, "_pch_plan", lambda unit: (root, "kernelkit/binding.h.gch", ["true"]))
+    monkeypatch.setattr(pch, "plan", lambda unit: (root, "kernelkit/binding.h.gch", ["true"]))
     started = []
-    monkeypatch.setattr(build, "_start_pch_build",
-                        lambda r, gch, cmd, nice=False: started.append((r, nice, build.STATS["links"])))
-    links = build.STATS["links"]
+    monkeypatch.setattr(pch, "_start_pch_build",
+                        lambda r, gch, cmd, nice=False: started.append((r, nice, running.STATS["links"])))
+    links = running.STATS["links"]
     so, _, _ = build.build(target)
     assert call_f(so) == 7
     assert started == [(root, after_link, links + (1 if after_link else 0))]
@@ -333,15 +336,15 @@ def test_the_pch_builder_runs_at_the_niceness_it_is_given(tmp_path):
     shown = tmp_path / "nice"
     cmd = [sys.executable, "-c", f"import os, sys; open({str(shown)!r}, 'w').write(str(os.nice(0))); "
            "open(sys.argv[2], 'w').write('pch')"]
-    subprocess.run([sys.executable, "-c", build._PCH_BUILDER, "19", str(tmp), str(gch), str(meta), *cmd], check=True)
+    subprocess.run([sys.executable, "-c", pch._PCH_BUILDER, "19", str(tmp), str(gch), str(meta), *cmd], check=True)
     assert int(shown.read_text()) >= 19 and gch.read_text() == "pch" and json.loads(meta.read_text())["size"] == 3
 
 
-def _binding_unit(tmp_path) -> build.Unit:
+def _binding_unit(tmp_path) -> units.Unit:
     src = tmp_path / "b.cpp"
     text = "#include <kernelkit/binding.h>\n"
     src.write_text(text)
-    return build.plan_unit("cpp", src, text, [sources.CSRC], [], [], "b.cpp", pch_defines=["KERNELKIT_BINDING=1"])
+    return units.plan_unit("cpp", src, text, [sources.CSRC], [], [], "b.cpp", pch_defines=["KERNELKIT_BINDING=1"])
 
 
 @pytest.fixture
@@ -349,47 +352,50 @@ def pch_on(cache_root, monkeypatch):
     if not toolchain.is_gcc():
         pytest.skip("precompiled headers are used with gcc only")
     monkeypatch.setenv("KERNELKIT_PCH", "1")
-    monkeypatch.setattr(build, "_PCH_BUILDER", "pass", raising=False)  # never spend 25 s on a real one
+    monkeypatch.setattr(pch, "_PCH_BUILDER", "pass", raising=False)  # never spend 25 s on a real one
 
 
+@pytest.mark.fast_path("pch")
 def test_truncated_pch_is_not_used_and_is_rebuilt(pch_on, tmp_path):
     unit = _binding_unit(tmp_path)
-    root, _, _ = build._pch_plan(unit)
+    root, _, _ = pch.plan(unit)
     gch = root / "kernelkit" / "binding.h.gch"
     gch.parent.mkdir(parents=True)
     gch.write_bytes(b"P" * 4096)
     (root / "pch.json").write_text(json.dumps({"file": "kernelkit/binding.h.gch", "size": 4096,
                                                "sha256": sha256_file(gch)}))
-    assert build.pch_flags(unit) == [f"-I{root}", "-Winvalid-pch"]  # intact: used
+    assert pch.flags(unit) == [f"-I{root}", "-Winvalid-pch"]  # intact: used
     gch.write_bytes(b"P" * 100)  # truncated
-    builds = build.STATS["pch_builds"]
-    assert build.pch_flags(unit) == []
-    assert not gch.exists() and build.STATS["pch_builds"] == builds + 1
+    builds = running.STATS["pch_builds"]
+    assert pch.flags(unit) == []
+    assert not gch.exists() and running.STATS["pch_builds"] == builds + 1
 
 
+@pytest.mark.fast_path("pch")
 def test_killed_pch_builder_leaves_no_claim_or_partial_file(pch_on, tmp_path, capfd, monkeypatch):
     unit = _binding_unit(tmp_path)
-    root, _, _ = build._pch_plan(unit)
+    root, _, _ = pch.plan(unit)
     (root / "kernelkit").mkdir(parents=True)
     (root / "building").write_text("")  # its builder was killed a moment ago: the claim is not held
     partial = root / "kernelkit" / ".binding.h.gch.4242"
     partial.write_bytes(b"half")
-    builds = build.STATS["pch_builds"]
-    monkeypatch.setattr(build, "_PCH_ANNOUNCED", False, raising=False)
-    assert build.pch_flags(unit) == []
-    assert not partial.exists() and build.STATS["pch_builds"] == builds + 1
+    builds = running.STATS["pch_builds"]
+    monkeypatch.setattr(pch, "_PCH_ANNOUNCED", False, raising=False)
+    assert pch.flags(unit) == []
+    assert not partial.exists() and running.STATS["pch_builds"] == builds + 1
     deadline = time.time() + 30
     while (held := cache.try_flock(root / "building")) is None:  # the started builder holds it until it exits
         assert time.time() < deadline
         time.sleep(0.05)
     try:  # a live builder (now us): nobody starts a second one
-        assert build.pch_flags(unit) == [] and build.STATS["pch_builds"] == builds + 1
+        assert pch.flags(unit) == [] and running.STATS["pch_builds"] == builds + 1
     finally:
         os.close(held)
-    build.pch_flags(unit)
+    pch.flags(unit)
     assert capfd.readouterr().err.count("building a precompiled header") == 1  # announced once per process
 
 
+@pytest.mark.fast_path("pch")
 def test_unreadable_pch_is_dropped_and_the_unit_compiled_without(pch_on, tmp_path, monkeypatch):
     inc = tmp_path / "inc"
     (inc / "kernelkit").mkdir(parents=True)
@@ -407,11 +413,11 @@ def test_unreadable_pch_is_dropped_and_the_unit_compiled_without(pch_on, tmp_pat
     gch.write_bytes(gch.read_bytes()[: gch.stat().st_size // 2])  # recorded as it is: only gcc can tell
     (root / "pch.json").write_text(json.dumps({"file": "kernelkit/binding.h.gch", "size": gch.stat().st_size,
                                                "sha256": sha256_file(gch)}))
-    monkeypatch.setattr(build, "_pch_plan", lambda unit: (root, "kernelkit/binding.h.gch", ["true"]))
-    rejected = build.STATS["pch_rejected"]
+    monkeypatch.setattr(pch, "plan", lambda unit: (root, "kernelkit/binding.h.gch", ["true"]))
+    rejected = running.STATS["pch_rejected"]
     so, _, _ = build.build(target)
     assert call_f(so) == 7
-    assert build.STATS["pch_rejected"] == rejected + 1 and not gch.exists() and not (root / "pch.json").exists()
+    assert running.STATS["pch_rejected"] == rejected + 1 and not gch.exists() and not (root / "pch.json").exists()
 
 
 def test_a_preamble_pch_serves_every_edit_and_no_changed_header(cache_root, tmp_path):
@@ -429,9 +435,9 @@ def test_a_preamble_pch_serves_every_edit_and_no_changed_header(cache_root, tmp_
         d.mkdir(exist_ok=True)
         text = f"#include <{header.name}>\nint f() {{ return {edit}; }}\n"
         (d / "x.host.cpp").write_text(text)
-        unit = build.plan_unit("cpp", d / "x.host.cpp", text, [d, pre], [f"-I{inc}"], [], "x.cu (cpp part)",
+        unit = units.plan_unit("cpp", d / "x.host.cpp", text, [d, pre], [f"-I{inc}"], [], "x.cu (cpp part)",
                                optimize=None, torch_style=True, pch_header=header)
-        return build._pch_plan(unit)[0]
+        return pch.plan(unit)[0]
 
     first = root_for(0)
     assert root_for(1) == first
@@ -914,9 +920,9 @@ def test_header_through_an_include_flag_edited_during_compile_is_not_cached(cach
     (d / "w.h").write_text("#define W 1\n")
     src.write_text('#include "w.h"\nextern "C" __attribute__((visibility("default"))) int f() { return W; }\n')
     flags = [f.format(d=d) for f in spelling]
-    unit = build.plan_unit("cpp", src, src.read_text(), [src.parent], flags, [], src.name)
+    unit = units.plan_unit("cpp", src, src.read_text(), [src.parent], flags, [], src.name)
     assert d / "w.h" in unit.deps
-    target = build.Target(name="f", units=[unit], ldflags=["-shared"], key=build.target_key("f", [unit], ["-shared"]),
+    target = units.Target(name="f", units=[unit], ldflags=["-shared"], key=units.target_key("f", [unit], ["-shared"]),
                           with_cuda=False, pymodule=None, display={str(src): src.name}, texts={})
     monkeypatch.setenv("KERNELKIT_COMPILER_LAUNCHER", launcher(tmp_path, f"sed -i 's/W 1/W 2/' {d / 'w.h'}"))
     with pytest.raises(SourcesChanged, match="w.h changed while it was being compiled"):
@@ -937,14 +943,14 @@ def test_archive_edited_after_planning_or_during_the_link_is_not_cached(cache_ro
     src, archive = tmp_path / "f.cpp", tmp_path / "libg.a"
     src.write_text('extern "C" int g(void);\nextern "C" __attribute__((visibility("default"))) int f() { return g(); }\n')
     _archive(archive, 1)
-    unit = build.plan_unit("cpp", src, src.read_text(), [tmp_path], [], [], src.name)
+    unit = units.plan_unit("cpp", src, src.read_text(), [tmp_path], [], [], src.name)
     ldflags = ["-shared", str(archive)]
-    target = build.Target(name="f", units=[unit], ldflags=ldflags, key=build.target_key("f", [unit], ldflags),
+    target = units.Target(name="f", units=[unit], ldflags=ldflags, key=units.target_key("f", [unit], ldflags),
                           with_cuda=False, pymodule=None, display={str(src): src.name}, texts={})
     if when == "after planning":
         _archive(archive, 2)
     else:
-        real_run = build.run_tool
+        real_run = running.run_tool
 
         def run(cmd, what, *args, **kwargs):  # the edit lands while the linker runs
             out = real_run(cmd, what, *args, **kwargs)
@@ -952,13 +958,13 @@ def test_archive_edited_after_planning_or_during_the_link_is_not_cached(cache_ro
                 _archive(archive, 2)
             return out
 
-        monkeypatch.setattr(build, "run_tool", run)
+        monkeypatch.setattr(running, "run_tool", run)
     with pytest.raises(SourcesChanged, match=f"libg.a\\) changed {'after planning' if when == 'after planning' else 'while'}"):
         build.build(target)
     assert cache.verified_library("f", target.key) is None
     monkeypatch.undo()
-    unit = build.plan_unit("cpp", src, src.read_text(), [tmp_path], [], [], src.name)
-    fresh = build.Target(name="f", units=[unit], ldflags=ldflags, key=build.target_key("f", [unit], ldflags),
+    unit = units.plan_unit("cpp", src, src.read_text(), [tmp_path], [], [], src.name)
+    fresh = units.Target(name="f", units=[unit], ldflags=ldflags, key=units.target_key("f", [unit], ldflags),
                          with_cuda=False, pymodule=None, display={str(src): src.name}, texts={})
     so, cached, _ = build.build(fresh)
     assert fresh.key != target.key and not cached and call_f(so) == 2

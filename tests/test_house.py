@@ -232,3 +232,111 @@ def test_a_test_run_leaves_nothing_in_the_temporary_directory(tmp_path):
                           capture_output=True, text=True, timeout=300, env=env, cwd=tests.parent)
     assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout + proc.stderr
     assert list(tmpdir.iterdir()) == []
+
+
+# --------------------------------------------------------------------------------------------- the fast paths
+FAST = "kernelkit.jit.fast"
+#: modules outside jit.fast that still name a fast path's module, and why (each one is work left to do)
+NAMES_A_FAST_PATH: dict = {}
+#: the core a fast path is called by: it must not call back up into it (it is lent what it needs: fast.Core)
+CALLERS = {"kernelkit.jit.build", "kernelkit.jit.plan", "kernelkit.jit.obtain", "kernelkit.jit.distributed"}
+
+
+def _fast_path_modules(mods):
+    return {m for m in mods if m.startswith(FAST + ".")}
+
+
+def test_the_core_reaches_a_fast_path_only_through_the_table():
+    """jit.fast's functions are the only way in: no module outside it imports one of its paths by name."""
+    mods = _modules()
+    edges = _edges(mods)
+    named = sorted(f"{m} -> {t}" for m, ts in edges.items() for t in ts & _fast_path_modules(mods)
+                   if not m.startswith(FAST) and m not in NAMES_A_FAST_PATH)
+    assert named == []
+    assert "kernelkit.jit.fast" in edges["kernelkit.jit.build"] and "kernelkit.jit.fast" in edges["kernelkit.jit.plan"]
+
+
+def test_a_fast_path_never_calls_the_core_that_calls_it():
+    mods = _modules()
+    edges = _edges(mods)
+    upward = sorted(f"{m} -> {t}" for m in _fast_path_modules(mods) | {FAST} for t in edges[m] & CALLERS)
+    assert upward == []
+
+
+def test_every_fast_path_is_in_the_table_with_its_switch_docs_and_test():
+    """The table says, per path, its hooks (functions of jit.fast), its switch (a settings.FAST_PATHS entry), the
+    docs section with its measured gain (a heading that exists) and its equivalence tests (files that exist)."""
+    import re
+
+    from kernelkit import settings
+    from kernelkit.jit import fast
+
+    repo = ROOT.parent
+    headings = {}
+    for row in fast.PATHS:
+        assert row.name in settings.FAST_PATHS, row.name
+        assert row.hooks and all(callable(getattr(fast, h, None)) for h in row.hooks), row
+        doc, _, anchor = row.docs.partition("#")
+        if doc not in headings:
+            text = (repo / doc).read_text()
+            headings[doc] = {re.sub(r"[^\w\- ]", "", h.replace("`", "")).strip().lower().replace(" ", "-")
+                             for h in re.findall(r"^#+ (.+)$", text, re.M)}
+        assert anchor in headings[doc], row.docs
+        assert all((repo / t).is_file() for t in row.test.split()), row.test
+    hooks = {h for row in fast.PATHS for h in row.hooks}
+    public = {n for n, v in vars(fast).items() if callable(v) and getattr(v, "__module__", "") == fast.__name__
+              and not n.startswith("_") and not isinstance(v, type)}
+    assert public == hooks  # a hook no path answers, or a path's hook the table does not list
+
+
+# ------------------------------------------------------------------------------------------ the cache's store table
+#: the modules that own the cache's layout (kernelkit.jit.store's table) and may join paths onto its root
+CACHE_OWNERS = ("jit/cache.py", "jit/store.py")
+
+
+def _calls(node, name: str) -> bool:
+    return isinstance(node, ast.Call) and name in (getattr(node.func, "id", None), getattr(node.func, "attr", None))
+
+
+def _cache_root_joins(tree) -> list:
+    """Lines that join a path onto ``cache_dir()``: ``cache_dir() / x``, ``Path(cache_dir()) / x``,
+    ``cache_dir().joinpath(x)``, ``os.path.join(cache_dir(), x)``, or any of them through a name bound to the root."""
+    roots = set()
+
+    def is_root(node) -> bool:
+        return (_calls(node, "cache_dir") or (isinstance(node, ast.Name) and node.id in roots)
+                or (_calls(node, "Path") and len(node.args) == 1 and is_root(node.args[0])))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and is_root(node.value):
+            roots.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    found = []
+    for node in ast.walk(tree):
+        divided = isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and is_root(node.left)
+        joined = _calls(node, "joinpath") and is_root(node.func.value)
+        built = (_calls(node, "join") or _calls(node, "Path")) and len(node.args) > 1 and is_root(node.args[0])
+        if divided or joined or built:
+            found.append(node.lineno)
+    return found
+
+
+def test_only_the_cache_joins_paths_onto_its_root():
+    """Every file under the cache belongs to a row of jit.store's table: other modules reach it through
+    cache.subdir (a row's folder) or the record functions (cache.record_path, read_record, write_record)."""
+    modules = {p.relative_to(ROOT).as_posix(): p for p in sorted(ROOT.rglob("*.py"))}
+    joins = [f"{rel}:{line}" for rel, p in modules.items() if rel not in CACHE_OWNERS
+             for line in _cache_root_joins(ast.parse(p.read_text()))]
+    assert joins == []
+
+
+@pytest.mark.parametrize("code", [
+    'cache.cache_dir() / "bandwidth.json"', 'Path(cache_dir()) / "x.json"', 'root = cache.cache_dir()\nroot / "x"',
+    'cache.cache_dir().joinpath("x")', 'os.path.join(cache.cache_dir(), "x")', 'Path(cache.cache_dir(), "x")'])
+def test_the_cache_rule_sees_every_way_of_joining(code):
+    """The rule above would pass vacuously if the scan missed a way of joining a path onto the cache's root."""
+    assert _cache_root_joins(ast.parse(code))
+
+
+def test_the_cache_rule_passes_what_goes_through_the_table():
+    assert not _cache_root_joins(ast.parse('cache.subdir("plans") / "x.json"\np.is_relative_to(cache.cache_dir())\n'
+                                           'str(cache.cache_dir())\ncache.record_path("toolchain", key)'))

@@ -361,7 +361,7 @@ def test_a_compile_leaves_no_temporary_directory(cache):
 def test_nvrtc_facts_are_checked_against_the_installed_nvrtc():
     nvrtc._facts.cache_clear()
     real = nvrtc._facts()
-    record = next(kk_cache.cache_dir().glob("nvrtc-*.json"))
+    record = next(kk_cache.cache_dir().glob("records/nvrtc/*.json"))
     facts = json.loads(record.read_text())
     assert any("libnvrtc" in f for f in facts["files"]), facts  # what an upgrade replaces
     try:
@@ -436,6 +436,7 @@ def test_launcher_refuses_bad_arguments_by_name(launch):
         launch(0, "k", b"", (), (), 1, [32], 0, None, ())
 
 
+@pytest.mark.fast_path("records")
 @pytest.mark.cuda_build
 def test_launcher_record_is_verified_before_use(launch):
     so = launcher._recorded()

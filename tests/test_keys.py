@@ -21,7 +21,7 @@ from test_fault_storm import _enter, _env, _in_child  # forkserver children, mad
 import kernelkit
 from kernelkit.errors import KernelkitError, SourcesChanged
 from kernelkit.frontends import cli
-from kernelkit.jit import build, cache, keys, plan, sources, toolchain
+from kernelkit.jit import build, cache, keys, plan, sources, toolchain, units
 
 
 @pytest.fixture
@@ -164,7 +164,7 @@ def test_torch_style_one_token_include_dir_loads_through_the_front_door(tmp_path
 def _unit(kind: str, tmp_path: Path, flags, text: str):
     src = tmp_path / ("k.cu" if kind == "cu" else "k.cpp")
     src.write_text(text)
-    return build.plan_unit(kind, src, text, [], flags, toolchain.arch_list("9.0") if kind == "cu" else [], src.name,
+    return units.plan_unit(kind, src, text, [], flags, toolchain.arch_list("9.0") if kind == "cu" else [], src.name,
                            torch_style=True)
 
 
@@ -277,9 +277,9 @@ def test_link_inputs_every_spelling_and_toolchain_libraries_left_out(tmp_path):
 def test_archive_in_extra_ldflags_is_in_the_target_key(tmp_path):
     archive = tmp_path / "libv.a"
     archive.write_bytes(b"!<arch>\nfirst")
-    key = build.target_key("t", [], ["-shared", str(archive)])
+    key = units.target_key("t", [], ["-shared", str(archive)])
     archive.write_bytes(b"!<arch>\nsecond")
-    assert build.target_key("t", [], ["-shared", str(archive)]) != key
+    assert units.target_key("t", [], ["-shared", str(archive)]) != key
 
 
 def test_keys_module_imports_nothing_heavy():
@@ -314,7 +314,7 @@ def test_one_schema_version_in_every_key():
 
 
 # ------------------------------------------------------------------------------- the cache's own entries
-def _tiny(tmp_path: Path, name: str, value: int) -> build.Target:
+def _tiny(tmp_path: Path, name: str, value: int) -> units.Target:
     d = tmp_path / name
     d.mkdir()
     src = d / "f.cpp"

@@ -410,6 +410,7 @@ def test_compiler_with_static_libstdcxx_still_raises_cleanly(tmp_path):
     assert "raised: rows: x must be 2-D, got shape [2, 3, 4] (3 dims)" in out.stdout
 
 
+@pytest.mark.fast_path("pch")
 def test_precompiled_binding_header_is_built_once_then_used(tmp_path):
     """The first cold build starts a PCH of <kernelkit/binding.h> in the background; once it exists, a
     new card's binding TU uses it (and gcc accepts it), and the op is still right."""

@@ -22,7 +22,8 @@ from torch.utils import cpp_extension as torch_ext
 
 import kernelkit
 from kernelkit import cpp_extension, patch, settings
-from kernelkit.jit import cache, plan, recall, sources
+from kernelkit.jit import cache, plan, sources
+from kernelkit.jit.fast import recall
 
 PACKAGES = Path(__file__).parent / "fixtures" / "packages"
 NAMES = ("ganops", "rasterish", "muladd_ext")
@@ -329,7 +330,8 @@ def test_a_warm_load_inline_in_a_new_process_neither_scans_nor_hashes():
     built = kernelkit.load_inline("kk_recall_inline", [text], **kw)  # builds and records the plan
     code = f"""
         import kernelkit
-        from kernelkit.jit import cache, recall, sources
+        from kernelkit.jit import cache, sources
+        from kernelkit.jit.fast import recall
         recall.RACY_SECONDS = recall.FINE_RACY_SECONDS = -3600.0  # the test's files are seconds old
         def refuse(*a, **k):
             raise AssertionError("the warm path scanned or hashed")
@@ -361,7 +363,8 @@ def test_a_full_plans_load_of_a_cached_library_keeps_its_verified_identity(tmp_p
             record.unlink()  # as if the build had been racy: not recorded
     code = f"""
         import kernelkit
-        from kernelkit.jit import cache, recall
+        from kernelkit.jit import cache
+        from kernelkit.jit.fast import recall
         recall.RACY_SECONDS = recall.FINE_RACY_SECONDS = -3600.0  # the test's files are seconds old
         hashed = []
         real = cache.verified_library

@@ -21,7 +21,7 @@ HIDDEN_TOOLKIT = textwrap.dedent("""
     import torch.utils.cpp_extension as ce
     ce.CUDA_HOME = None  # as on a machine with no system CUDA toolkit
     import kernelkit
-    from kernelkit.jit import build, toolchain
+    from kernelkit.jit import running, toolchain
 """)
 
 
@@ -57,7 +57,7 @@ def test_a_card_and_a_torch_style_extension_compile_with_the_pip_toolkit(pip_hom
                 }
                 void launch_twice(float* x, long n) { twice<<<(n + 255) / 256, 256>>>(x, n); }
             ''', functions=["launch_twice"])
-        print("EXT", ext.__file__, "COMPILES", build.STATS["compiles"])
+        print("EXT", ext.__file__, "COMPILES", running.STATS["compiles"])
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1200,
                           env=_driver_only_env(tmp_path))

@@ -9,6 +9,7 @@ import torch
 
 import kernelkit
 from kernelkit.frontends import cli, scaffold
+from kernelkit.jit import running
 
 # the test's cards: one per kind (names no other test uses, so the process-wide registry never mixes them up)
 KINDS = {"scaf_square": ("unary", True), "scaf_axpy": ("binary", False), "scaf_twice": ("custom", False)}
@@ -139,7 +140,6 @@ def test_a_math_edit_rebuilds_device_code_and_the_cpu_loop_only(tmp_path, capsys
     """The EDIT line of a unary card is in its _math.h, whose functors are device code where nvcc compiles them
     (KK_MATH_FN): an edit compiles the .cu's device code alone (its host side and the torch-facing binding stay
     cached) and the CPU file with the host compiler, and the CPU op computes the new math."""
-    from kernelkit.jit import build
 
     scaffold.new_card("scaf_cube", tmp_path, "unary")
     math = tmp_path / "scaf_cube_math.h"
@@ -148,9 +148,9 @@ def test_a_math_edit_rebuilds_device_code_and_the_cpu_loop_only(tmp_path, capsys
     torch.testing.assert_close(kernelkit.ops.scaf_cube(x), x * x)
     # std::exp: the scaffold's math header includes <cmath>, for the device code as for the CPU loop
     math.write_text(math.read_text().replace("return x * x; }  // EDIT", "return std::exp(x) * x; }  // EDIT"))
-    before = dict(build.STATS)
+    before = dict(running.STATS)
     kernelkit.load("scaf_cube", kernels_dir=tmp_path)
-    counts = {k: build.STATS[k] - before[k] for k in ("compiles", "device_rebuilds")}
+    counts = {k: running.STATS[k] - before[k] for k in ("compiles", "device_rebuilds")}
     assert counts == {"compiles": 2, "device_rebuilds": 1}, capsys.readouterr().err  # nvcc --fatbin, g++
     for dtype in (torch.float64, torch.float32, torch.bfloat16):
         xs = x.to(dtype)

@@ -10,6 +10,7 @@ import pytest
 
 from kernelkit import settings
 from kernelkit.errors import KernelkitError
+from kernelkit.jit.fast import device_rebuild, pch
 
 CONFIGURATION = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 ALL = list(settings.SETTINGS.values())
@@ -142,7 +143,8 @@ def _looked(call) -> bool:
 def _call_sites(monkeypatch):
     """fast path -> whether the code that asks takes it now, each probed without compiling anything."""
     from kernelkit.instant import launcher
-    from kernelkit.jit import build, fastcall, keys, prebuilt, shards, stand_ins, toolchain
+    from kernelkit.jit import fastcall, keys, prebuilt, toolchain
+    from kernelkit.jit.fast import shards, stand_ins
     from kernelkit.loading import arguments, extensions
 
     monkeypatch.setattr(toolchain, "is_gcc", lambda: True)
@@ -160,11 +162,11 @@ def _call_sites(monkeypatch):
     monkeypatch.setattr(extensions, "open_extension", lambda *a, **k: None)
     asked = []
     extensions._recalled_or_planned(lambda use_record=False: asked.append(use_record), True, None, True)
-    unit = types.SimpleNamespace(kind="cu", digest="d", flags=[], local_dirs=[], deps=[], roots=[], builder=None,
+    unit = types.SimpleNamespace(kind="cu", digest="d", flags=[], local_dirs=[], deps=[], roots=[], strategy="",
                                  path=types.SimpleNamespace(read_text=lambda errors: ""))
     return {
-        "pch": build.pch_enabled(),
-        "device_rebuild": build._host_shape(unit) is not None,
+        "pch": pch.enabled(),
+        "device_rebuild": device_rebuild.host_shape(unit) is not None,
         "dtype_shards": shards.count("cu", False, "", [], [], "d") == shards.SHARDS,
         "link_stand_ins": stand_ins.enabled(),
         "fastcall": fastcall.enabled(),
@@ -188,7 +190,7 @@ def test_every_call_site_asks_its_fast_path(clean):
 
 # ------------------------------------------------------------------------------------------ the warm plan
 def _call_key():
-    from kernelkit.jit import recall
+    from kernelkit.jit.fast import recall
 
     return recall.call_key("ext", [Path("/src/ext.cpp")], {"cpp": ["-O2"]}, [], "ext", False)
 

@@ -1,4 +1,4 @@
-"""Dtype shards (kernelkit.jit.shards): a card's .cu compiled as four TUs, one per floating dtype, only where
+"""Dtype shards (kernelkit.jit.fast.shards): a card's .cu compiled as four TUs, one per floating dtype, only where
 the four linked together are the file compiled once. CI: which files shard and why not, the setting, and a
 card built both ways (its CPU code in the sharded .cu gives the same bits; a kernel edit recompiles the four
 shards' device code alone; the prebuilt source key is the same). GPU: every shardable built-in and scaffold
@@ -15,7 +15,8 @@ import kernelkit
 from kernelkit import settings
 from kernelkit.errors import KernelkitError
 from kernelkit.frontends import scaffold
-from kernelkit.jit import build, cards, keys, plan, prebuilt, shards, toolchain
+from kernelkit.jit import cards, keys, plan, prebuilt, running, toolchain, units
+from kernelkit.jit.fast import shards
 from kernelkit.jit.sources import INCLUDE
 
 KERNELS = Path(kernelkit.__file__).resolve().parent.parent / "kernels"
@@ -140,7 +141,7 @@ def test_each_shard_is_the_unit_planned_with_its_define(tmp_path, monkeypatch):
     target = _plan("sh_plan", tmp_path)
     cu = tmp_path / "sh_plan.cu"
     for unit in (u for u in target.units if u.shard):
-        planned = build.plan_unit("cu", cu, cu.read_text(), unit.local_dirs, [f"-D{shards.define(unit.shard[0])}"],
+        planned = units.plan_unit("cu", cu, cu.read_text(), unit.local_dirs, [f"-D{shards.define(unit.shard[0])}"],
                                   toolchain.arch_list("9.0"), unit.display)
         assert (planned.key, planned.deps, planned.digest) == (unit.key, unit.deps, unit.digest)
     assert len({u.key for u in target.units}) == len(target.units)
@@ -166,9 +167,9 @@ def test_a_sharded_card_computes_the_same_bits_and_an_edit_rebuilds_device_code_
     cu = tmp_path / "sh_custom.cu"
     cu.write_text(cu.read_text().replace("out[i] = from_acc<T>(acc_t<T>(2) * to_acc(x[i]));  // EDIT: the kernel",
                                          "out[i] = from_acc<T>(acc_t<T>(3) * to_acc(x[i]));  // EDIT: the kernel"))
-    before = dict(build.STATS)
+    before = dict(running.STATS)
     kernelkit.load("sh_custom", kernels_dir=tmp_path)
-    counts = {k: build.STATS[k] - before[k] for k in ("compiles", "device_rebuilds")}
+    counts = {k: running.STATS[k] - before[k] for k in ("compiles", "device_rebuilds")}
     assert counts == {"compiles": 4, "device_rebuilds": 4}  # nvcc --fatbin per shard; host objects reused
     for dt in DTYPES:  # the CPU op is host code: unchanged by a kernel edit
         assert torch.equal(kernelkit.ops.sh_custom(x.to(dt)), expected[dt]), dt

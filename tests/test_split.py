@@ -1,4 +1,4 @@
-"""The automatic split of torch-style .cu files (kernelkit.jit.split) on the corpus in fixtures/torch_cu and on
+"""The automatic split of torch-style .cu files (kernelkit.jit.fast.split) on the corpus in fixtures/torch_cu and on
 the constructs a split must keep: the decision per file; the device TU is the file line for line but for what it
 leaves out (so pragmas, using-directives, macros anywhere and include guards mean what they meant); the host TU
 changes only in its ``#line`` numbers when device code gains or loses lines; launches are lowered as nvcc lowers
@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from kernelkit.jit import syntax, torch_headers
-from kernelkit.jit.split import (
+from kernelkit.jit import syntax, units
+from kernelkit.jit.fast import torch_headers
+from kernelkit.jit.fast.split import (
     InstantiationError,
     Split,
     Unsplittable,
@@ -23,7 +24,7 @@ from kernelkit.jit.split import (
     local_headers,
     split_source,
 )
-from kernelkit.jit.split import tree as ts
+from kernelkit.jit.fast.split import tree as ts
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "torch_cu"))
 from cases import CASES  # noqa: E402
@@ -416,8 +417,9 @@ def test_split_builds_bind_and_link_against_torch(name, tmp_path):
     """Both TUs compiled with torch's flags, bound as the loader binds them (the host object's references to
     kernel stubs and device variables resolved, aliases made local), and linked against torch: nothing the
     split generates is left undefined or exported."""
-    from kernelkit.jit import build, plan, toolchain, torch_cu
-    from kernelkit.jit.torch_cu import _bind, _Part
+    from kernelkit.jit import plan, toolchain
+    from kernelkit.jit.fast import torch_cu
+    from kernelkit.jit.fast.torch_cu import _bind, _Part
 
     stem = Path(name).stem
     result = split_file(name)
@@ -432,9 +434,9 @@ def test_split_builds_bind_and_link_against_torch(name, tmp_path):
                            str(dev_cu), "-o", str(dev_o)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     joined, so = tmp_path / f"{stem}.o", tmp_path / f"{stem}.so"
-    target = build.Target(stem, [], [], "k", True, None, {}, {})
+    target = units.Target(stem, [], [], "k", True, None, {}, {})
     _bind(result, _Part(dev_o, ""), _Part(host_o, ""), None, joined, target)
-    subprocess.run([toolchain.cxx(), str(joined), "-o", str(so), *build.link_flags(True, CASES[name].pybind, [])],
+    subprocess.run([toolchain.cxx(), str(joined), "-o", str(so), *units.link_flags(True, CASES[name].pybind, [])],
                    check=True, capture_output=True, text=True)
     undefined = subprocess.run(["nm", "-u", "-C", str(so)], capture_output=True, text=True, check=True).stdout
     for entity in result.entities:
@@ -513,7 +515,7 @@ $L__BB{n}_2:
 
 
 def test_the_proof_sets_aside_what_differs_by_construction_and_nothing_else():
-    from kernelkit.jit import split_proof
+    from kernelkit.jit.fast import split_proof
 
     a = PTX.format(h="a6ae2dd4", c="40000000", n=0)
     assert split_proof.difference(a, PTX.format(h="0badf00d", c="40000000", n=3)) is None  # names, labels

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from kernelkit.jit import sources, torch_headers
-from kernelkit.jit.split import Split, Unsplittable, local_headers, split_source
+from kernelkit.jit import sources
+from kernelkit.jit.fast import torch_headers
+from kernelkit.jit.fast.split import Split, Unsplittable, local_headers, split_source
 
 ROOT = Path(__file__).parent / "fixtures" / "split_corpus"
 sys.path.insert(0, str(ROOT))

@@ -1,4 +1,4 @@
-"""Link stand-ins (kernelkit.jit.stand_ins): a relink whose objects reference nothing new in torch links against
+"""Link stand-ins (kernelkit.jit.fast.stand_ins): a relink whose objects reference nothing new in torch links against
 small libraries standing in for torch's. No compiler but g++: the stand-ins of a library defining a function, a
 data object, a thread-local and a weak function give the real link's interface, and serve only objects they
 cover; unproven stand-ins are never used. CI: a card's kernel edit links against them, gives the interface of
@@ -12,7 +12,8 @@ import torch
 
 import kernelkit
 from kernelkit.frontends import scaffold
-from kernelkit.jit import build, stand_ins, toolchain
+from kernelkit.jit import running, toolchain
+from kernelkit.jit.fast import stand_ins
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 LIB = """
@@ -154,7 +155,7 @@ def _edit_kernel(d: Path, name: str, old: int, new: int) -> None:
 
 def _spy_links(monkeypatch, keep: Path) -> list:
     """Every link command, with copies of its objects (the build's pinned copies are removed after it)."""
-    links, run = [], build.run_tool
+    links, run = [], running.run_tool
 
     def spy(cmd, what, target, counter):
         output = run(cmd, what, target, counter)
@@ -164,7 +165,7 @@ def _spy_links(monkeypatch, keep: Path) -> list:
             links.append([cmd[0], *objects, "-o", cmd[at + 1], *cmd[at + 2:]])
         return output
 
-    monkeypatch.setattr(build, "run_tool", spy)
+    monkeypatch.setattr(running, "run_tool", spy)
     return links
 
 
@@ -180,9 +181,9 @@ def test_a_kernel_edit_links_against_stand_ins_with_the_real_links_interface(tmp
     x = torch.randn(4097, dtype=torch.float64)
     expected = {dt: kernelkit.ops.si_custom(x.to(dt)) for dt in DTYPES}
     _edit_kernel(d, "si_custom", 2, 3)
-    before = build.STATS["stand_in_links"]
+    before = running.STATS["stand_in_links"]
     lib = kernelkit.load("si_custom", kernels_dir=d)
-    assert build.STATS["stand_in_links"] == before + 1
+    assert running.STATS["stand_in_links"] == before + 1
     for dt in DTYPES:  # the host code, the library's dependencies and its op registration, as linked
         assert torch.equal(kernelkit.ops.si_custom(x.to(dt)), expected[dt]), dt
     fast = links[-1]
@@ -200,9 +201,9 @@ def test_on_the_gpu_a_kernel_edit_linked_against_stand_ins_runs_the_new_kernel(t
     x = torch.randn(1 << 16, dtype=torch.float64, device="cuda")
     for old, factor in ((2, 3), (3, 5)):
         _edit_kernel(tmp_path, "sig_custom", old, factor)
-        before = build.STATS["stand_in_links"]
+        before = running.STATS["stand_in_links"]
         kernelkit.load("sig_custom", kernels_dir=tmp_path)
-        assert build.STATS["stand_in_links"] == before + 1
+        assert running.STATS["stand_in_links"] == before + 1
         for dt in DTYPES:
             got = kernelkit.ops.sig_custom(x.to(dt))
             assert torch.allclose(got.double(), factor * x.to(dt).double(), rtol=1e-2, atol=1e-2), (factor, dt)

@@ -15,7 +15,8 @@ import pytest
 
 import kernelkit
 from kernelkit.errors import BuildError, KernelkitError, SourcesChanged
-from kernelkit.jit import build, plan, torch_cu
+from kernelkit.jit import build, plan, running
+from kernelkit.jit.fast import pch, torch_cu
 
 CORPUS = Path(__file__).parent / "fixtures" / "torch_cu"
 pytestmark = pytest.mark.cuda_build
@@ -30,10 +31,10 @@ def work(tmp_path_factory):
 
 
 def _build(name, path, capsys, **kw):
-    before = dict(build.STATS)
+    before = dict(running.STATS)
     info = kernelkit.load(name, [str(path)], load=False, arch="9.0", **kw)
     said = capsys.readouterr().err
-    return info, {k: build.STATS[k] - before[k] for k in ("compiles", "joins", "links")}, said
+    return info, {k: running.STATS[k] - before[k] for k in ("compiles", "joins", "links")}, said
 
 
 def test_a_kernel_body_edit_recompiles_the_device_tu_only(work, capsys):
@@ -97,16 +98,17 @@ def test_an_edit_during_the_split_build_is_not_cached(work, monkeypatch):
 _KILL = """
 import os, signal, sys
 import kernelkit
-from kernelkit.jit import build, torch_cu
+from kernelkit.jit import running
+from kernelkit.jit.fast import torch_cu
 
 def die(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
 
 if sys.argv[2] == "before-join":  # both parts compiled and cached, the joined object not yet
-    build.join_objects = die
+    running.join_objects = die
 else:  # the device TU compiled and cached, then the process dies
     real = torch_cu._compiled
-    torch_cu._compiled = lambda part, target, unit, what: (real(part, target, unit, what), die())
+    torch_cu._compiled = lambda part, target, unit, what, core: (real(part, target, unit, what, core), die())
 kernelkit.load("kk_tcu_relu", [sys.argv[1]], load=False, arch="9.0")
 """
 
@@ -161,11 +163,11 @@ def test_template_kernels_under_at_dispatch_get_exactly_their_instantiations(wor
 
 def test_an_unsplittable_file_is_refused_at_once_when_split_is_forced(work, monkeypatch):
     monkeypatch.setenv("KERNELKIT_TORCH_CU", "split")
-    before = build.STATS["compiles"]
+    before = running.STATS["compiles"]
     with pytest.raises(KernelkitError, match="cannot be split: a __device__ lambda"):
         kernelkit.load("kk_tcu_lambda", [str(work / "device_lambda.cu")], load=False, arch="9.0",
                        extra_cuda_cflags=["--extended-lambda"])
-    assert build.STATS["compiles"] == before
+    assert running.STATS["compiles"] == before
 
 
 def test_the_strategy_asked_for_is_in_the_key_and_checked(work, monkeypatch):
@@ -174,7 +176,7 @@ def test_the_strategy_asked_for_is_in_the_key_and_checked(work, monkeypatch):
         monkeypatch.setenv("KERNELKIT_TORCH_CU", value)
         target = plan.plan_extension("kk_tcu_keys", [work / "relu_extension.cu"], arch="9.0")
         (unit,) = target.units
-        assert unit.builder is torch_cu.compile_unit
+        assert unit.strategy == torch_cu.NAME
         keys[value] = target.key
     assert len(set(keys.values())) == 3  # switching strategies never reuses the other's object
     monkeypatch.setenv("KERNELKIT_TORCH_CU", "lite")
@@ -186,7 +188,8 @@ def test_the_host_tu_built_with_its_precompiled_preamble_is_the_same_object(work
     """A split's host TU includes its preamble (torch's headers) first; with KERNELKIT_PCH=1 gcc reads that
     precompiled, which turns a host edit's ~25 s into ~10 s on a 2-core machine. The object must be the one
     gcc makes without it, byte for byte."""
-    from kernelkit.jit import cache, split, toolchain
+    from kernelkit.jit import cache, toolchain
+    from kernelkit.jit.fast import split
 
     if not toolchain.is_gcc():
         pytest.skip("precompiled headers are used with gcc only")
@@ -199,14 +202,14 @@ def test_the_host_tu_built_with_its_precompiled_preamble_is_the_same_object(work
     monkeypatch.setenv("KERNELKIT_PCH", "0")
     plain = cache.cached_object(part.key) or build.compile_cached(part, target)  # an earlier test built it
     monkeypatch.setenv("KERNELKIT_PCH", "1")
-    root, gch, cmd = build._pch_plan(part)
+    root, gch, cmd = pch.plan(part)
     root.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-c", build._PCH_BUILDER, "0", str(root / f".{gch}.tmp"), str(root / gch),
+    subprocess.run([sys.executable, "-c", pch._PCH_BUILDER, "0", str(root / f".{gch}.tmp"), str(root / gch),
                     str(root / cache.PCH_META), *cmd], check=True)  # what the detached builder runs
     assert cache.pch_ready(root)
-    before = dict(build.STATS)
+    before = dict(running.STATS)
     build.compile_as_written(part, target, tmp_path / "pch.o", tmp_path / "pch.d")
-    assert build.STATS["pch_used"] == before["pch_used"] + 1 and build.STATS["pch_rejected"] == before["pch_rejected"]
+    assert running.STATS["pch_used"] == before["pch_used"] + 1 and running.STATS["pch_rejected"] == before["pch_rejected"]
     assert (tmp_path / "pch.o").read_bytes() == plain.read_bytes()
 
 
@@ -214,7 +217,7 @@ def test_a_cu_without_torch_is_not_touched(tmp_path):
     (tmp_path / "plain.cu").write_text('extern "C" __global__ void k(float* x) { x[0] = 1; }\n')
     (tmp_path / "bind.cpp").write_text("#include <torch/extension.h>\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}\n")
     target = plan.plan_extension("kk_tcu_plain", [tmp_path / "plain.cu", tmp_path / "bind.cpp"], arch="9.0")
-    assert all(u.builder is None for u in target.units)
+    assert all(u.strategy == "" for u in target.units)
 
 
 CELL = r"""
@@ -292,10 +295,10 @@ def test_a_load_inline_kernel_edit_compiles_device_code_only(capsys):
     import sigmoid_inline
 
     def load(scale):
-        before = build.STATS["compiles"]
+        before = running.STATS["compiles"]
         kernelkit.load_inline("kk_tcu_sigmoid_inline", sigmoid_inline.CPP, sigmoid_inline.cuda_source(scale),
                               functions=["sigmoid"], arch="9.0")
-        return build.STATS["compiles"] - before, capsys.readouterr().err
+        return running.STATS["compiles"] - before, capsys.readouterr().err
 
     load("1.0f")
     compiles, said = load("3.0f")
@@ -325,9 +328,9 @@ def test_kernelkits_own_load_inline_splits_a_torch_including_cuda_part_under_its
     """``load_inline(name, cuda=..., cpp=...)`` (and the %%kernelkit magic on it) keeps its sources under their
     text's hash: the split cites ``<name>.cu``, so a kernel edit keeps the host TU and a typo cites that line."""
     def load(text):
-        before = build.STATS["compiles"]
+        before = running.STATS["compiles"]
         kernelkit.load_inline("kk_tcu_keyword", cuda=text, cpp=KEYWORD_CPP, arch="9.0")
-        return build.STATS["compiles"] - before, capsys.readouterr().err
+        return running.STATS["compiles"] - before, capsys.readouterr().err
 
     load(KEYWORD_CUDA)
     compiles, said = load(KEYWORD_CUDA.replace("3.0f * x[i]", "4.0f * x[i]"))

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..errors import LOG_HINT, BuildError, KernelkitError
 from ..harness import report
-from ..jit import cache
+from ..jit import cache, store
 from ..jit.cards import declared_sources, search_path
 from ..version import __version__
 from . import doctor, harness_commands, scaffold
@@ -61,6 +61,9 @@ def cmd_cache(args) -> int:
     if args.action == "info":
         i = cache.info()
         print(json.dumps(i) if args.json else _info_text(i))
+    elif args.action == "list" and args.store:
+        found = cache.store_entries(args.store)
+        print(json.dumps(found, indent=1) if args.json else _store_text(args.store, found))
     elif args.action == "list":
         rows = cache.entries()
         if args.json:
@@ -106,6 +109,16 @@ def cmd_cache(args) -> int:
     return 0
 
 
+def _store_text(name: str, found: List[dict]) -> str:
+    """The entries of one store, oldest use first."""
+    if not found:
+        return f"no entries in the store {name}"
+    lines = [f"{'entry':<60} {'size':>9}  last used"]
+    for e in sorted(found, key=lambda e: e["last_used"]):
+        lines.append(f"{e['entry']:<60} {_size(e['bytes']):>9}  {_when(e['last_used'])}")
+    return "\n".join(lines)
+
+
 def _info_text(i: dict) -> str:
     """The cache's path, size against its cap, and what takes the room, largest first."""
     cap = f" of {_size(i['max_bytes'])} (KERNELKIT_CACHE_MAX_SIZE: least recently used entries go past it)" \
@@ -119,6 +132,11 @@ def _info_text(i: dict) -> str:
     if i["bytes"] and i["kinds"].get("precompiled headers", 0) > i["bytes"] / 2:
         lines.append("precompiled headers take most of it: one per set of compile flags, ~0.5-0.9 GB each "
                      "(KERNELKIT_PCH=off builds none; host compiles are then slower)")
+    lines.append("stores (`kernelkit cache list --store NAME` lists one's entries):")
+    for st in i["stores"]:
+        where = "(in no row's place)" if st["name"] == store.UNCLAIMED.name else \
+            "(the cache root)" if st["folder"] == "." else st["folder"] + "/"
+        lines.append(f"  {st['name']:<17} {where:<25} {st['entries']:>6} {_size(st['bytes']):>9}  gc: {st['gc']}")
     return "\n".join(lines)
 
 
@@ -245,6 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--fix", action="store_true", help="verify: remove the corrupt entries it finds")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.add_argument("--max-age-days", type=_days, default=30.0, help="gc: remove entries unused this long")
+    c.add_argument("--store", choices=[row.name for row in store.STORES] + [store.UNCLAIMED.name],
+                   help="list: the entries of one store of the cache (default: the libraries)")
     c.set_defaults(func=cmd_cache)
 
     b = sub.add_parser("build", help="compile cards into the cache without loading them")

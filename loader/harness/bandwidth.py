@@ -1,16 +1,13 @@
 """The floor: bytes an op must move / the device's bandwidth, measured once with a large copy and cached."""
 from __future__ import annotations
 
-import json
 import platform
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from .. import replace_file
-from ..jit.cache import cache_dir
+from ..jit import cache, keys
 from .timing import time_fn
 
 
@@ -28,19 +25,16 @@ def _device_key(device: torch.device) -> str:
 
 
 def device_bandwidth(device=None, *, refresh: bool = False) -> float:
-    """Bytes/s (read + write) of a large device-to-device copy; measured once per device, cached in
-    ``<cache dir>/bandwidth.json``."""
+    """Bytes/s (read + write) of a large device-to-device copy; measured once per device, kept in the cache's
+    bandwidth records (``records/bandwidth/``)."""
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    path = Path(cache_dir()) / "bandwidth.json"
-    key = _device_key(device)
-    try:
-        known = json.loads(path.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if not refresh and key in known:
-        return float(known[key]["bytes_per_s"])
+    identity = _device_key(device)
+    key = keys.bandwidth_key(identity)
+    known = cache.read_record("bandwidth", key)
+    if not refresh and isinstance(known.get("bytes_per_s"), (int, float)):
+        return float(known["bytes_per_s"])
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         nbytes = int(min(1 << 30, free // 8))
@@ -50,10 +44,9 @@ def device_bandwidth(device=None, *, refresh: bool = False) -> float:
     dst = torch.empty_like(src)
     t = time_fn(lambda: dst.copy_(src), device, flush=False, budget_ms=300, min_reps=10)
     bw = 2 * nbytes / (t.median_us * 1e-6)
-    known[key] = {"bytes_per_s": bw, "nbytes": nbytes, "median_us": t.median_us, "torch": torch.__version__,
-                  "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    replace_file.write(path, json.dumps(known, indent=1))  # concurrent measurers never leave a torn file
+    cache.write_record("bandwidth", key, {"device": identity, "bytes_per_s": bw, "nbytes": nbytes,
+                                          "median_us": t.median_us, "torch": torch.__version__,
+                                          "measured": time.strftime("%Y-%m-%dT%H:%M:%S")})
     return bw
 
 

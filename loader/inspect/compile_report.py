@@ -3,7 +3,8 @@
 A target is a card name, a loaded :class:`kernelkit.Library` (or the ``BuildInfo`` of ``load(..., load=False)``),
 an instant-kernels module (``kernelkit.load_kernels``), or the path of a cubin / object / library. Everything
 is read from the cached binary (see :mod:`.resources`), so no GPU is needed. The last two builds of each name
-are remembered in ``cache_dir()/reports/`` so a report shows the change against the previous build.
+are remembered in the cache's report records (``records/reports/``) so a report shows the change against the
+previous build.
 """
 from __future__ import annotations
 
@@ -109,9 +110,9 @@ def _rows(t: _Target, block_size: Optional[int], dynamic_shared: int) -> List[Ke
 
 def _history_file(name: str) -> Optional[Path]:
     try:
-        from ..jit import cache
+        from ..jit import cache, keys
 
-        return cache.subdir("reports") / (re.sub(r"[^0-9A-Za-z_.-]", "_", name) + ".json")
+        return cache.record_path("reports", keys.report_key(name))
     except (KernelkitError, OSError):
         return None
 

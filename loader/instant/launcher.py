@@ -31,19 +31,19 @@ _MODULE = []
 
 def target():
     """The launcher's build target, planned like any other (``kernelkit.aot`` and the tests use it too)."""
-    from ..jit import build, plan  # the build machinery: only when the launcher is built
+    from ..jit import plan, units  # the build machinery: only when the launcher is built
     from ..jit.nvrtc import cuda_include_dir
 
     text = SOURCE.read_text()
     include = cuda_include_dir()
     flags = [f"-I{include}"] if include is not None else []
-    unit = build.plan_unit("cpp", SOURCE, text, [INCLUDE], flags, [], "kernelkit/launch.cpp", optimize="-O2")
+    unit = units.plan_unit("cpp", SOURCE, text, [INCLUDE], flags, [], "kernelkit/launch.cpp", optimize="-O2")
     return plan.make_target("launch", [unit], False, MODULE_NAME, [], {"kernelkit/launch.cpp": text.splitlines()})
 
 
 def _record() -> Path:
     key = keys.launcher_record_key(SOURCE.read_bytes(), sys.version, sys.prefix, torch.__version__, __version__)
-    return cache.cache_dir() / f"launcher-{key}.json"
+    return cache.record_path("launcher", key)
 
 
 def _recorded() -> Optional[Path]:

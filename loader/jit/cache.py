@@ -1,18 +1,29 @@
 """The on-disk cache: content-addressed objects and libraries, written atomically, verified before use.
 
-Layout under ``cache_dir()`` (mode 0700, as is the directory it lives in)::
+Layout under ``cache_dir()`` (mode 0700, as is the directory it lives in): every file belongs to a row of the
+store table (``store.STORES``: each row's folder, key recipe, format version, gc rule and verify check)::
 
-    obj/<key>.o, obj/<key>.json   compiled translation units, shared by every library that uses them (the
-                                  json records the key and the sha256: a copy over another key's is corrupt)
     lib/<name>-<key16>/           one linked library: the .so and manifest.json (sha256 of the .so)
+    obj/<key>.o, obj/<key>.json   compiled translation units, NVRTC cubins and scanned kernel outlines, shared by
+                                  every library that uses them (the json records the key and the sha256: a copy
+                                  over another key's is corrupt)
     pch/<key>/                    a precompiled header (<kernelkit/binding.h>, a split's host preamble), its
                                   pch.json (sha256) and the ``building`` claim its detached builder holds
-    locks/<id>.lock               filelock locks (flock: released by the kernel if the holder dies)
     src/<key>/                    sources written for load_inline, and generated TUs and headers
+    shapes/<key>                  the key of an object compiled from a text of that host shape
+    tune/<key>.json               autotuning winners (kept until a clear)
+    plans/<key>.json              warm plans of torch-style extensions (``jit.fast.recall``)
+    records/<store>/<key>.json    small records a warm start reads instead of working them out again (a split's
+                                  frames and torch names, toolchain and NVRTC facts, the launcher, torch's
+                                  signatures, device bandwidth, compile reports): ``record_path``, ``write_record``
     tmp/                          private build dirs; renamed into place only when complete
+    locks/<id>.lock               filelock locks (flock: released by the kernel if the holder dies)
+    last-gc, last-size-check      when gc and the size cap last ran
 
 Keys are derived in ``keys`` (what invalidates what). Only regular files are read: a FIFO or device in
-place of an entry is reported corrupt without being opened for reading (it would block forever).
+place of an entry is reported corrupt without being opened for reading (it would block forever). ``subdir`` and
+the record functions refuse a folder or store the table lacks; what lies in no row's place (left by an older
+kernelkit) is collected by age.
 
 Whoever removes an entry holds that entry's lock (``library_lock`` / the object's key / the PCH claim), so
 gc, clear and corruption handling never remove what another process is building or has just published.
@@ -25,6 +36,7 @@ import fcntl
 import functools
 import json
 import logging
+import math
 import os
 import shutil
 import stat
@@ -32,10 +44,11 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
+from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple, TypeVar
 
 from .. import replace_file, settings
 from ..errors import CacheSecurityError, CacheUnwritable, KernelkitError, LockTimeout
+from . import store
 from .sources import sha256_bytes, sha256_file
 
 log = logging.getLogger("kernelkit")
@@ -48,8 +61,8 @@ STALE_LOCK_SECONDS = 86400.0
 GC_INTERVAL_SECONDS = 86400.0
 CAP_INTERVAL_SECONDS = 300.0  # the size cap walks the cache: after a build, at most this often
 CAP_GRACE_SECONDS = 600.0  # entries used this recently may be in a build's or a load's hands: the cap leaves them
-#: what ``info`` sizes and the cap evicts, by kind: its directory
-KIND_DIRS = {"libraries": "lib", "objects": "obj", "precompiled headers": "pch", "sources": "src", "records": "records"}
+#: what ``info`` sizes and the cap evicts, by kind: the folders of its rows
+KIND_DIRS = {kind: tuple(row.folder for row in store.STORES if row.kind == kind) for kind in store.KINDS}
 PCH_META = "pch.json"
 PCH_CLAIM = "building"
 
@@ -87,13 +100,9 @@ def require_writable() -> Path:
     could not, and writes the generated sources a read-only cache left in memory (or raises why it cannot)."""
     path = cache_dir()
     with _PENDING_LOCK:  # builds run in threads (autotune, a card's units): one of them writes what is pending
-        for d, error in [(d, e) for d, e in _UNCREATED.items() if d == path or d.parent == path]:
-            if not d.is_dir():
-                if d == path:
-                    raise error
-                subdir(d.name)
-                if not d.is_dir():
-                    raise error
+        for d, error in [(d, e) for d, e in _UNCREATED.items() if d.is_relative_to(path)]:
+            if not d.is_dir() and (d == path or not subdir(d.relative_to(path).as_posix()).is_dir()):
+                raise error
             del _UNCREATED[d]
         for source, data in [(f, b) for f, b in _UNWRITTEN.items() if f.is_relative_to(path)]:
             if not _holds(source, data):
@@ -162,12 +171,16 @@ def check_safe(path: Path) -> None:
 
 
 def subdir(name: str) -> Path:
+    """The folder ``name`` of a row of the store table (``store.STORES``), created private if missing.
+    ValueError for any other name: nothing is written under the cache outside the table."""
+    if name not in store.FOLDERS:
+        raise ValueError(f"{name!r} is not the folder of a row of kernelkit's cache (kernelkit.jit.store.STORES): "
+                         f"its folders are {', '.join(sorted(store.FOLDERS))}")
     d = cache_dir() / name
     if not d.is_dir():
         try:
             with writing(d):
-                d.mkdir(exist_ok=True, mode=0o700)
-                os.chmod(d, 0o700)
+                _make_private_dirs(d)
         except CacheUnwritable as e:  # read-only: nothing to find in it; a build raises this
             _UNCREATED[d] = e
     return d
@@ -359,8 +372,8 @@ def write_source(text: str, filename: str) -> Path:
     file there is not that text (truncated by a full disk, or tampered with). A read-only cache leaves the
     text in memory: planning and loading a cached or prebuilt library need only the path and the text, and a
     build (``require_writable``) writes it or says why it cannot."""
-    path = cache_dir() / "src" / sha256_bytes(text.encode(), filename.encode())[:24] / filename
     data = text.encode()
+    path = cache_dir() / "src" / generated_source_key(data, filename) / filename
     if not _holds(path, data):
         try:
             _write_source(path, data)
@@ -370,6 +383,12 @@ def write_source(text: str, filename: str) -> Path:
 
 
 _UNWRITTEN: Dict[Path, bytes] = {}
+
+
+def generated_source_key(data: bytes, filename: str) -> str:
+    """The folder in src/ of a generated source: its text and name, hashed. Derived here, not in ``keys``:
+    keys imports the toolchain, which imports this module."""
+    return sha256_bytes(data, filename.encode())[:24]
 
 
 def _write_source(path: Path, data: bytes) -> None:
@@ -492,36 +511,41 @@ def shaped_object(shape: str) -> Optional[Path]:
 
 def tune_record(key: str) -> Optional[dict]:
     """The autotuning record stored under ``key`` (``keys.tune_key``), or None."""
-    record = _read_json(cache_dir() / "tune" / f"{key}.json")
-    return record if isinstance(record, dict) and isinstance(record.get("best"), dict) else None
+    record = read_record("tune", key)
+    return record if isinstance(record.get("best"), dict) else None
 
 
 def tune_records() -> List[dict]:
     """Every stored autotuning winner, newest first."""
-    d = cache_dir() / "tune"
-    found = [r for r in (_read_json(p) for p in (d.glob("*.json") if d.is_dir() else [])) if r and "best" in r]
+    found = [r for r in (_read_json(e.path) for e in _entries(store.row("tune"))) if r and "best" in r]
     return sorted(found, key=lambda r: -_number(r.get("created"), 0.0))
 
 
 def store_tune_record(key: str, record: dict) -> None:
     """Store an autotuning winner; a cache that cannot be written keeps none (the next process tunes again)."""
-    _publish_small(subdir("tune") / f"{key}.json", json.dumps(record))
+    write_record("tune", key, record)
 
 
-def read_record(kind: str, key: str) -> dict:
-    """The small JSON record ``key`` of ``kind`` (records/<kind>/: what a build learned, e.g. a split's proofs),
+def record_path(name: str, key: str) -> Path:
+    """Where the JSON record ``key`` of the store ``name`` lives (its folder made if it can be). ValueError for a
+    store that is no row of JSON records (``store.STORES``) or a key that is no plain file name."""
+    row = store.row(name)
+    if row.verify != store.JSON:
+        raise ValueError(f"the store {name!r} holds no JSON records")
+    if not _plain_name(key) or key.startswith("."):
+        raise ValueError(f"{key!r} is not a record key (a plain file name)")
+    return subdir(row.folder) / f"{key}.json"
+
+
+def read_record(name: str, key: str) -> dict:
+    """The JSON record ``key`` of the store ``name`` (what a build or a warm start learned, e.g. a split's proofs),
     or {} if there is none or it is unreadable."""
-    record = _read_json(cache_dir() / "records" / kind / f"{key}.json")
-    return record if isinstance(record, dict) else {}
+    return _read_json(record_path(name, key)) or {}
 
 
-def write_record(kind: str, key: str, record: dict) -> None:
+def write_record(name: str, key: str, record: dict) -> None:
     """Store a small record (readers see the old or the new one); a cache that cannot be written keeps none."""
-    folder = subdir("records") / kind
-    with contextlib.suppress(OSError, CacheUnwritable):
-        with writing(folder):
-            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    _publish_small(folder / f"{key}.json", json.dumps(record))
+    _publish_small(record_path(name, key), json.dumps(record))
 
 
 def _publish_small(final: Path, text: str) -> None:
@@ -529,16 +553,6 @@ def _publish_small(final: Path, text: str) -> None:
     with contextlib.suppress(OSError, CacheUnwritable):
         with writing(final):
             replace_file.write(final, text)
-
-
-def _remove_dangling_shapes() -> None:
-    """Shape records whose object is gone (gc, clear) point nowhere: remove them."""
-    shapes = cache_dir() / "shapes"
-    for record in list(shapes.iterdir()) if shapes.is_dir() else []:
-        with contextlib.suppress(OSError):
-            key = _read_regular(record).decode("ascii", "replace").strip()
-            if not (_plain_name(key) and object_path(key).is_file()):
-                record.unlink()
 
 
 # ------------------------------------------------------------------------------------------- libraries
@@ -695,8 +709,149 @@ def drop_pch(root: Path) -> None:
             p.unlink()
 
 
-def _pch_roots() -> List[Path]:
-    return sorted(p for p in subdir("pch").iterdir() if p.is_dir())
+# ----------------------------------------------------------------------------------- the store table's entries
+class _Entry(NamedTuple):
+    path: Path
+    used: Callable[[], float]  # when it was last used: what gc's age and the size cap's order go by
+    size: Callable[[], int]
+    remove_if: Callable[[Callable[[], bool]], bool]  # remove it unless keep(), asked once it is ours to remove
+
+
+def _listing(folder: Path) -> List[Path]:
+    """The children of ``folder``, sorted; none if it is missing (or was removed meanwhile)."""
+    try:
+        return sorted(folder.iterdir())
+    except OSError:
+        return []
+
+
+def _named(row: store.Store) -> List[Path]:
+    return [p for p in _listing(cache_dir() / row.folder) if store.is_entry(row, p.name)]
+
+
+def _unclaimed(folder: Path) -> List[Path]:
+    """What lies in ``folder``, and in the row folders under it, in no row's place."""
+    root = cache_dir()
+    found = []
+    for p in _listing(folder):
+        rel = p.relative_to(root).as_posix()
+        if store.holds_rows(rel) and p.is_dir() and not p.is_symlink():
+            found += _unclaimed(p)
+        elif store.owner(rel) is None:
+            found.append(p)
+    return found
+
+
+def _size(*paths: Path) -> int:
+    total = 0
+    for p in paths:
+        with contextlib.suppress(OSError):
+            total += _du(p) if p.is_dir() and not p.is_symlink() else os.lstat(p).st_size
+    return total
+
+
+def _remove_if(path: Path, keep: Callable[[], bool]) -> bool:
+    """No lock: nothing builds into a source, a record or a build dir in place."""
+    if keep():
+        return False
+    _remove(path)
+    return True
+
+
+def _remove_lock_if(path: Path, keep: Callable[[], bool]) -> bool:
+    """Removed while held by us: filelock re-opens the path when the file it waited on was unlinked, so no waiter
+    ends up holding a lock nobody else sees."""
+    with try_locked(path.stem) as ours:
+        if ours and not keep():
+            with contextlib.suppress(OSError):
+                path.unlink()
+                return True
+    return False
+
+
+def _shape_used(record: Path) -> float:
+    """A shape record is used while the object it names is there, and never once it is gone."""
+    try:
+        key = _read_regular(record).decode("ascii", "replace").strip()
+    except OSError:
+        return -math.inf
+    return _last_used(record, record) if _plain_name(key) and object_path(key).is_file() else -math.inf
+
+
+def _library_entries(row: store.Store) -> List[_Entry]:
+    return [_Entry(e, functools.partial(_last_used, e, e / "manifest.json"), functools.partial(_size, e),
+                   functools.partial(_remove_library_if, e)) for e in _named(row)]
+
+
+def _object_entries(row: store.Store) -> List[_Entry]:
+    """One per key: its object, or its metadata alone."""
+    out = []
+    for key in sorted({p.stem for p in _named(row)}):
+        obj, meta = object_path(key), object_path(key).with_suffix(".json")
+        out.append(_Entry(obj, functools.partial(_last_used, obj, meta), functools.partial(_size, obj, meta),
+                          functools.partial(_remove_object_if, key)))
+    return out
+
+
+def _pch_entries(row: store.Store) -> List[_Entry]:
+    return [_Entry(r, functools.partial(_last_used, r, r / PCH_META), functools.partial(_size, r),
+                   functools.partial(_remove_pch_if, r)) for r in _named(row) if r.is_dir()]
+
+
+def _lock_entries(row: store.Store) -> List[_Entry]:
+    return [_Entry(p, functools.partial(_last_used, p, p), functools.partial(_size, p),
+                   functools.partial(_remove_lock_if, p)) for p in _named(row)]
+
+
+def _newest(path: Path) -> float:
+    """When a file in ``path`` last changed (``path``'s own mtime if it holds none): a folder in no row's place is
+    as old as what it holds."""
+    times = [_last_used(path, path)] if not path.is_dir() or path.is_symlink() else []
+    for parent, _, files in os.walk(path):
+        times += [_last_used(Path(parent, f), Path(parent, f)) for f in files]
+    return max(times, default=_last_used(path, path))
+
+
+def _plain_entries(row: store.Store) -> List[_Entry]:
+    if row is store.UNCLAIMED:
+        paths, used = _unclaimed(cache_dir()), _newest
+    else:
+        paths, used = _named(row), _shape_used if row.gc == store.WITH_OBJECT else lambda p: _last_used(p, p)
+    return [_Entry(p, functools.partial(used, p), functools.partial(_size, p), functools.partial(_remove_if, p))
+            for p in paths]
+
+
+#: how a row's entries are found and removed, by what whoever removes one holds
+_LISTERS = {store.LIBRARY_LOCK: _library_entries, store.KEY_LOCK: _object_entries, store.CLAIM: _pch_entries,
+            store.HELD: _lock_entries, store.NO_LOCK: _plain_entries}
+_ROWS = (*store.STORES, store.UNCLAIMED)
+
+
+def _entries(row: store.Store) -> List[_Entry]:
+    return _LISTERS[row.lock](row)
+
+
+def _gc_cut(rule: str, cutoff: float, now: float) -> float:
+    """gc removes an entry under ``rule`` last used before this (``cutoff``: the max age's)."""
+    return {store.AGED: cutoff, store.AGED_SOURCES: min(cutoff, now - STALE_TMP_SECONDS),
+            store.STALE: now - STALE_TMP_SECONDS, store.IDLE: now - STALE_LOCK_SECONDS, store.WITH_OBJECT: 0.0,
+            store.KEPT: -math.inf, store.NEVER: -math.inf}[rule]
+
+
+def _clear_cut(rule: str, now: float) -> float:
+    """clear removes an entry under ``rule`` last used before this: sources and build dirs younger than an hour
+    may belong to a live build."""
+    return {store.AGED: math.inf, store.AGED_SOURCES: now - STALE_TMP_SECONDS, store.STALE: now - STALE_TMP_SECONDS,
+            store.IDLE: math.inf, store.WITH_OBJECT: 0.0, store.KEPT: math.inf, store.NEVER: -math.inf}[rule]
+
+
+def _sweep(row: store.Store, cut: float) -> int:
+    """Remove the row's entries last used before ``cut``; each is asked again once it is ours to remove."""
+    n = 0
+    for e in _entries(row):
+        if e.used() < cut and e.remove_if(lambda e=e: e.used() >= cut):
+            n += 1
+    return n
 
 
 # -------------------------------------------------------------------------------- listing, gc, clearing
@@ -737,6 +892,27 @@ def entries() -> List[dict]:
     return out
 
 
+def store_entries(name: str) -> List[dict]:
+    """The entries of the store ``name`` (a row of ``store.STORES``, or "unclaimed"): where each lies under the
+    cache root, its bytes and its last use."""
+    row = store.UNCLAIMED if name == store.UNCLAIMED.name else store.row(name)
+    root = cache_dir()
+    return [{"entry": e.path.relative_to(root).as_posix(), "bytes": e.size(), "last_used": max(e.used(), 0.0)}
+            for e in _entries(row)]
+
+
+def store_usage() -> List[Dict[str, object]]:
+    """Each row of the store table, and what lies in no row's place: its entries' count and bytes, and the rules
+    it is kept by."""
+    out = []
+    for row in _ROWS:
+        found = _entries(row)
+        out.append({"name": row.name, "folder": row.folder, "entries": len(found),
+                    "bytes": sum(e.size() for e in found), "kind": row.kind, "gc": row.gc, "verify": row.verify,
+                    "recipes": list(row.recipes), "schema": row.schema})
+    return out
+
+
 def _du(path: Path) -> int:
     total = 0
     for dirpath, _, files in os.walk(path):
@@ -747,20 +923,22 @@ def _du(path: Path) -> int:
 
 
 def info() -> Dict[str, object]:
-    """Counts, total bytes, bytes per subdirectory (lib, obj, pch, src, tmp, ...) and per kind (``KIND_DIRS``,
-    largest first, the rest as "other": build dirs, locks, small records), and the size cap: where the space went."""
+    """Counts, total bytes, bytes per subdirectory (lib, obj, pch, src, tmp, ...), per kind (``KIND_DIRS``,
+    largest first, the rest as "other": build dirs, locks, tuning winners) and per store (``store_usage``), and
+    the size cap: where the space went."""
     root = cache_dir()
-    per_dir = {p.name: _du(p) for p in sorted(root.iterdir()) if p.is_dir()}
+    per_dir = {p.name: _du(p) for p in _listing(root) if p.is_dir()}
     total = _du(root)
-    kinds = {kind: per_dir.get(d, 0) for kind, d in KIND_DIRS.items()}
+    stores = store_usage()
+    kinds = dict.fromkeys(KIND_DIRS, 0)
+    for s in stores:
+        if s["kind"] in kinds:
+            kinds[s["kind"]] += s["bytes"]
     kinds["other"] = total - sum(kinds.values())
-    return {"path": str(root), "libraries": len(list(subdir("lib").iterdir())),
-            "objects": len(list(subdir("obj").glob("*.o"))), "pch": len(_pch_roots()), "bytes": total,
-            "subdirs": per_dir, "kinds": dict(sorted(kinds.items(), key=lambda kv: -kv[1])), "max_bytes": max_bytes()}
-
-
-def _object_keys() -> List[str]:
-    return sorted({p.stem for p in subdir("obj").iterdir() if p.suffix in (".o", ".json")})
+    count = {s["name"]: s["entries"] for s in stores}
+    return {"path": str(root), "libraries": count["libraries"], "objects": count["objects"], "pch": count["pch"],
+            "bytes": total, "subdirs": per_dir, "kinds": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
+            "stores": stores, "max_bytes": max_bytes()}
 
 
 def _remove_pch_if(root: Path, keep: Callable[[], bool]) -> bool:
@@ -774,21 +952,6 @@ def _remove_pch_if(root: Path, keep: Callable[[], bool]) -> bool:
         return True
     finally:
         os.close(fd)
-
-
-def _record_kinds() -> List[Path]:
-    root = cache_dir() / "records"
-    return [p for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
-
-
-def _remove_unused(parent: Path, cutoff: float) -> int:
-    """Remove the children of ``parent`` (src/, tmp/) not modified since ``cutoff``."""
-    n = 0
-    for p in list(parent.iterdir()):
-        if _last_used(p, p) < cutoff:
-            _remove(p)
-            n += 1
-    return n
 
 
 def _remove_partial_writes(cutoff: float) -> int:
@@ -806,53 +969,21 @@ def _remove_partial_writes(cutoff: float) -> int:
     return n
 
 
-def _remove_idle_locks(cutoff: float) -> int:
-    """Lock files not used since ``cutoff`` and not held. Removed while held by us: filelock re-opens the
-    path when the file it waited on was unlinked, so no waiter ends up holding a lock nobody else sees."""
-    n = 0
-    for p in list(subdir("locks").glob("*.lock")):
-        if _last_used(p, p) >= cutoff:
-            continue
-        with try_locked(p.stem) as ours:
-            if ours:
-                with contextlib.suppress(OSError):
-                    p.unlink()
-                    n += 1
-    return n
-
-
 def gc(max_age_days: float = DEFAULT_MAX_AGE_DAYS, now: Optional[float] = None,
        max_bytes: Optional[int] = None) -> Dict[str, int]:
-    """Remove libraries, objects, precompiled headers and generated sources unused for ``max_age_days``,
-    build dirs left by dead builds, and idle lock files; then hold the cache to ``max_bytes``
-    (:func:`enforce_size_cap`). Entries another process holds are left alone."""
+    """Remove what each row's gc rule (``store.STORES``) says has had its day -- entries unused for
+    ``max_age_days``, build dirs left by dead builds, idle lock files, what lies in no row's place -- then hold
+    the cache to ``max_bytes`` (:func:`enforce_size_cap`). Entries another process holds are left alone. Returns
+    how many entries of each row went (partial writes of killed writers count as tmp)."""
     now = time.time() if now is None else now
     cutoff = now - max_age_days * 86400
-
-    def old(path: Path, stamp: Path) -> Callable[[], bool]:
-        return lambda: _last_used(path, stamp) < cutoff
-
-    removed = {"libraries": 0, "objects": 0, "pch": 0, "sources": 0, "records": 0, "tmp": 0, "locks": 0}
-    for entry in list(subdir("lib").iterdir()):
-        is_old = old(entry, entry / "manifest.json")
-        if is_old() and _remove_library_if(entry, lambda is_old=is_old: not is_old()):
-            removed["libraries"] += 1
-    for key in _object_keys():
-        is_old = old(object_path(key), object_path(key).with_suffix(".json"))
-        if is_old() and _remove_object_if(key, lambda is_old=is_old: not is_old()):
-            removed["objects"] += 1
-    for root in _pch_roots():
-        is_old = old(root, root / PCH_META)
-        if is_old() and _remove_pch_if(root, lambda is_old=is_old: not is_old()):
-            removed["pch"] += 1
-    removed["sources"] = _remove_unused(subdir("src"), min(cutoff, now - STALE_TMP_SECONDS))
-    removed["records"] = sum(_remove_unused(kind, cutoff) for kind in _record_kinds())
-    removed["tmp"] = _remove_unused(subdir("tmp"), now - STALE_TMP_SECONDS)
+    removed = {row.name: _sweep(row, _gc_cut(row.gc, cutoff, now)) for row in _ROWS}
     removed["tmp"] += _remove_partial_writes(now - STALE_TMP_SECONDS)
-    removed["locks"] = _remove_idle_locks(now - STALE_LOCK_SECONDS)
-    for kind, n in enforce_size_cap(max_bytes, now).items():
-        removed[{"precompiled headers": "pch"}.get(kind, kind)] += n
-    _remove_dangling_shapes()
+    for row, n in _cap(max_bytes, now).items():
+        removed[row.name] += n
+    for row in _ROWS:  # what goes with an object the cap took
+        if row.gc == store.WITH_OBJECT:
+            removed[row.name] += _sweep(row, _gc_cut(row.gc, cutoff, now))
     return removed
 
 
@@ -870,7 +1001,7 @@ def maybe_gc() -> None:
         log.warning("cache gc failed: %s", e)
         return
     if any(removed.values()):
-        log.info("cache gc removed %s", removed)
+        log.info("cache gc removed %s", {k: n for k, n in removed.items() if n})
 
 
 def _due(stamp_name: str, interval: float) -> bool:
@@ -903,47 +1034,43 @@ def enforce_size_cap(limit: Optional[int], now: Optional[float] = None) -> Dict[
     (sources: the last hour) and entries another process holds stay, even over the cap. Returns how many of
     each kind went."""
     removed = dict.fromkeys(KIND_DIRS, 0)
+    for row, n in _cap(limit, now).items():
+        removed[row.kind] += n
+    return removed
+
+
+def _cap(limit: Optional[int], now: Optional[float]) -> Dict[store.Store, int]:
+    """:func:`enforce_size_cap`, counted by row."""
+    removed: Dict[store.Store, int] = {}
     if limit is None:
         return removed
     now = time.time() if now is None else now
     total = _du(cache_dir())
-    for used, size, kind, remove in sorted(_evictable(now), key=lambda c: c[0]):
+    for used, size, row, remove in sorted(_evictable(now), key=lambda c: c[0]):
         if total <= limit or used > now - CAP_GRACE_SECONDS:
             break
         if remove():
             total -= size
-            removed[kind] += 1
+            removed[row] = removed.get(row, 0) + 1
     return removed
 
 
-def _evictable(now: float) -> List[Tuple[float, int, str, Callable[[], bool]]]:
-    """(last use, bytes, kind, remove) of every entry the size cap may take: ``remove`` leaves an entry used
-    since it was listed."""
-    def entry(kind: str, path: Path, stamp: Path, size: int, remove_if: Callable[[Callable[[], bool]], bool]):
-        used = _last_used(path, stamp)
-        return used, size, kind, lambda: remove_if(lambda: _last_used(path, stamp) > used)
-
-    def plain(path: Path) -> Callable[[Callable[[], bool]], bool]:
-        def remove_if(keep: Callable[[], bool]) -> bool:  # no lock: nothing builds into a source or record in place
-            if keep():
-                return False
-            _remove(path)
-            return True
-
-        return remove_if
-
-    found = [entry("libraries", e, e / "manifest.json", _du(e), functools.partial(_remove_library_if, e))
-             for e in subdir("lib").iterdir()]
-    for key in _object_keys():
-        obj = object_path(key)
-        size = sum(p.stat().st_size for p in (obj, obj.with_suffix(".json")) if p.is_file())
-        found.append(entry("objects", obj, obj.with_suffix(".json"), size, functools.partial(_remove_object_if, key)))
-    found += [entry("precompiled headers", r, r / PCH_META, _du(r), functools.partial(_remove_pch_if, r))
-              for r in _pch_roots()]
-    found += [entry("sources", p, p, _du(p), plain(p)) for p in subdir("src").iterdir()
-              if _last_used(p, p) < now - STALE_TMP_SECONDS]  # younger ones may belong to a live build
-    found += [entry("records", f, f, f.stat().st_size, plain(f)) for kind in _record_kinds() for f in kind.iterdir()]
+def _evictable(now: float) -> List[Tuple[float, int, store.Store, Callable[[], bool]]]:
+    """(last use, bytes, row, remove) of every entry the size cap may take: what clear would take of the rows of
+    a kind ``info`` sizes; ``remove`` leaves an entry used since it was listed."""
+    found = []
+    for row in [r for r in _ROWS if r.kind in KIND_DIRS]:
+        cut = _clear_cut(row.gc, now)
+        for e in _entries(row):
+            used = e.used()
+            if used < cut:
+                keep = functools.partial(_used_since, e, used)
+                found.append((used, e.size(), row, functools.partial(e.remove_if, keep)))
     return found
+
+
+def _used_since(entry: _Entry, used: float) -> bool:
+    return entry.used() > used
 
 
 def _max_age_days() -> float:
@@ -956,20 +1083,13 @@ def _max_age_days() -> float:
 
 
 def clear() -> int:
-    """Remove every library, object and precompiled header, and the generated sources and build dirs not
-    touched in the last hour; entries another process is building or removing are left. Returns how many
-    were removed."""
+    """Remove what each row's clear rule (``store.STORES``) takes: every library, object, precompiled header and
+    record, and the generated sources and build dirs not touched in the last hour; entries another process is
+    building or removing are left. Returns how many were removed (lock files and shape records, which go with the
+    entries they serve, not counted)."""
     now = time.time()
-    n = sum(_remove_library_if(e, lambda: False) for e in list(subdir("lib").iterdir()))
-    n += sum(_remove_object_if(k, lambda: False) for k in _object_keys())
-    n += sum(_remove_pch_if(r, lambda: False) for r in _pch_roots())
-    n += _remove_unused(subdir("src"), now - STALE_TMP_SECONDS)
-    n += _remove_unused(subdir("tmp"), now - STALE_TMP_SECONDS)
-    n += _remove_unused(subdir("tune"), now + 1)  # autotuning winners: clear asks to start over
-    n += sum(_remove_unused(kind, now + 1) for kind in _record_kinds())
-    _remove_idle_locks(now + 1)
-    _remove_dangling_shapes()
-    return n
+    removed = {row: _sweep(row, _clear_cut(row.gc, now)) for row in _ROWS}
+    return sum(n for row, n in removed.items() if row.gc not in (store.IDLE, store.WITH_OBJECT))
 
 
 # -------------------------------------------------------------------------------------------- verifying
@@ -999,7 +1119,7 @@ def _source_status(path: Path) -> Optional[str]:
         data = _read_regular(path)
     except OSError as e:
         return f"unreadable generated source ({e.strerror or e})"
-    if sha256_bytes(data, path.name.encode())[:24] != path.parent.name:
+    if generated_source_key(data, path.name) != path.parent.name:
         return "generated source does not hold the text its name hashes"
     return None
 
@@ -1012,34 +1132,65 @@ def _remove_source_if(path: Path, keep: Callable[[], bool]) -> bool:
     return not path.exists()
 
 
-def _source_paths() -> List[Path]:
+def _source_paths(row: store.Store) -> List[Path]:
     out = []
-    for d in subdir("src").iterdir():
+    for d in _named(row):
         with contextlib.suppress(OSError):  # removed by a gc or clear meanwhile, or not a dir
             out += [f for f in d.iterdir() if not f.name.startswith(".")]  # .name.XXXX.tmp: a write in progress
     return sorted(out)
 
 
-def _checks() -> Iterator[tuple]:
-    """(kind, path, status(), status once its lock is held, remove_if(keep)) for every cache entry."""
-    for entry in sorted(subdir("lib").iterdir()):
-        status = functools.partial(_library_status, entry)
-        yield "library", entry, status, status, functools.partial(_remove_library_if, entry)
-    for key in _object_keys():
-        status = functools.partial(_object_status, key)
-        yield "object", object_path(key), status, status, functools.partial(_remove_object_if, key)
-    for root in _pch_roots():
-        yield ("pch", root, functools.partial(_pch_status, root), functools.partial(pch_problem, root),
-               functools.partial(_remove_pch_if, root))
-    for path in _source_paths():
+def _library_checks(row: store.Store) -> Iterator[tuple]:
+    for e in _entries(row):
+        status = functools.partial(_library_status, e.path)
+        yield "library", e.path, status, status, e.remove_if
+
+
+def _object_checks(row: store.Store) -> Iterator[tuple]:
+    for e in _entries(row):
+        status = functools.partial(_object_status, e.path.stem)
+        yield "object", e.path, status, status, e.remove_if
+
+
+def _pch_checks(row: store.Store) -> Iterator[tuple]:
+    for e in _entries(row):
+        status_locked = functools.partial(pch_problem, e.path)  # the claim held: what its builder left
+        yield "pch", e.path, functools.partial(_pch_status, e.path), status_locked, e.remove_if
+
+
+def _source_checks(row: store.Store) -> Iterator[tuple]:
+    for path in _source_paths(row):
         status = functools.partial(_source_status, path)
         yield "source", path, status, status, functools.partial(_remove_source_if, path)
 
 
+def _record_status(path: Path) -> Optional[str]:
+    return None if _read_json(path) is not None else "not a JSON object (damaged, or not a regular file)"
+
+
+def _record_checks(row: store.Store) -> Iterator[tuple]:
+    for e in _entries(row):
+        status = functools.partial(_record_status, e.path)
+        yield row.name, e.path, status, status, e.remove_if
+
+
+#: how verify checks a row's entries, by its verify check
+_CHECKERS = {store.SO_SHA256: _library_checks, store.OBJECT_SHA256: _object_checks, store.PCH_SHA256: _pch_checks,
+             store.TEXT_HASH: _source_checks, store.JSON: _record_checks, store.NOTHING: lambda _row: iter(())}
+
+
+def _checks() -> Iterator[tuple]:
+    """(kind, path, status(), status once its lock is held, remove_if(keep)) for every entry of every row."""
+    for row in store.STORES:
+        yield from _CHECKERS[row.verify](row)
+
+
 def verify(fix: bool = False) -> List[Dict[str, object]]:
-    """Check every library, object and precompiled header against its recorded sha256 (and libraries'
-    manifests for sense and safety), and every generated source against the hash its place names. One dict per entry: kind, entry, status ('ok' or 'corrupt'), reason,
-    removed. ``fix``: remove the corrupt ones (under their locks; an entry in use is left and reported)."""
+    """Check each row's entries as the store table says (``store.STORES``): libraries, objects and precompiled
+    headers against their recorded sha256 (and libraries' manifests for sense and safety), generated sources
+    against the hash their place names, records for being JSON objects. One dict per entry: kind (a record's
+    store), entry, status ('ok' or 'corrupt'), reason, removed. ``fix``: remove the corrupt ones (under their
+    locks; an entry in use is left and reported)."""
     found = []
     for kind, path, status, status_locked, remove_if in _checks():
         problem = status()

@@ -27,10 +27,10 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .. import errors as _errors
 from ..errors import BuildError, KernelkitError
-from . import build as _build
 from . import cache, keys, obtain, toolchain
 from .progress import say
 from .sources import sha256_file
+from .units import Target
 
 __all__ = ["node_group", "check_group", "STATS"]
 
@@ -134,7 +134,7 @@ def _read(path: Path) -> str:
         return f"unreadable ({e.strerror})"
 
 
-def _target_files(target: _build.Target) -> Dict[str, str]:
+def _target_files(target: Target) -> Dict[str, str]:
     files = {"toolchain": toolchain.fingerprint(), "link flags": _digest("\0".join(target.ldflags).encode())}
     for u in target.units:
         files[f"file {u.display}"] = _read(u.path)
@@ -147,7 +147,7 @@ def _target_files(target: _build.Target) -> Dict[str, str]:
     return files
 
 
-def library_artifact(target: _build.Target, prebuilt_ok: bool) -> _Artifact:
+def library_artifact(target: Target, prebuilt_ok: bool) -> _Artifact:
     def local():
         return obtain.local(target, prebuilt_ok)
 
@@ -395,7 +395,7 @@ def joining(group, what: str) -> Iterator[None]:
         raise
 
 
-def obtain_library(target: _build.Target, group, prebuilt_ok: bool = True):
+def obtain_library(target: Target, group, prebuilt_ok: bool = True):
     """api.obtain under group=: (path, cached, seconds)."""
     return exchange(library_artifact(target, prebuilt_ok), group)
 

@@ -23,10 +23,10 @@ from typing import Callable, List, Optional
 import torch
 
 from .. import settings
-from . import build as _build
 from . import obtain, progress, sources
 from .library import import_extension
 from .plan import make_target
+from .units import Target, plan_unit
 
 log = logging.getLogger("kernelkit")
 
@@ -55,14 +55,14 @@ def background_build_pays() -> bool:
     return (os.cpu_count() or 1) >= MIN_BUILD_CPUS
 
 
-def ready_made(t: _build.Target) -> bool:
+def ready_made(t: Target) -> bool:
     """Whether the module for ``t`` is prebuilt or in the cache, so loading it compiles nothing."""
     return obtain.local(t) is not None
 
 
-def target() -> _build.Target:
+def target() -> Target:
     text = SOURCE.read_text()
-    unit = _build.plan_unit("cpp", SOURCE, text, [sources.INCLUDE], [], [], "kernelkit/fastcall.cpp", optimize="-O2")
+    unit = plan_unit("cpp", SOURCE, text, [sources.INCLUDE], [], [], "kernelkit/fastcall.cpp", optimize="-O2")
     return make_target("fastcall", [unit], False, MODULE_NAME, [], {"kernelkit/fastcall.cpp": text.splitlines()})
 
 

@@ -48,16 +48,29 @@ it includes, by content. gcc itself refuses a PCH that does not match (``-Winval
 
 **NVRTC program** (``program_key`` -> ``obj/<key>.o`` holding a cubin): NVRTC's version, the arch, the CUDA
 include dir NVRTC is pointed at, the options, the name expressions, the source text and each local header
-handed to NVRTC (name as written + content). ``nvrtc_facts_key`` keys the small file recording NVRTC's
-version and include dir by what decides which NVRTC is found (prefix and the CUDA environment variables).
+handed to NVRTC (name as written + content).
 
 **AOT source key** (``source_key``, prebuilt manifests): what the unit and target keys cover, minus what
 differs between the build machine and its users -- compiler identities, include paths, library paths and
 the CUDA archs (recorded in the manifest and matched by coverage instead).
 
-**Launcher record** (``launcher_record_key`` -> ``launcher-<key24>.json``): a warm start's shortcut to the
-instant-kernel launcher library, keyed by launch.cpp's text, the Python, torch's and kernelkit's versions;
-the library it points to is verified by sha256 before it is loaded.
+**Small records** (``records/<store>/<key>.json`` and ``plans/``, through ``cache.record_path``): what a warm
+start reads instead of working it out again. Each key folds in its row's schema (``store.STORES``) besides
+``SCHEMA``, so bumping either retires the row's records (gc collects them by age):
+
+- ``launcher_record_key``: the instant-kernel launcher library, by launch.cpp's text, the Python, torch's and
+  kernelkit's versions; the library it points to is verified by sha256 before it is loaded.
+- ``nvrtc_facts_key``: NVRTC's version and include dir, by what decides which NVRTC is found (prefix and the
+  CUDA environment variables).
+- ``torch_signatures_key``: the parameter order of torch's ``load``/``load_inline``, by the installed module
+  file's identity (path, size, mtime) and torch's version.
+- ``plan_key``: a warm plan of a torch-style extension (``jit.fast.recall``), by everything the plan derives its
+  target from besides the files it reads (their identities are checked against the record).
+- ``bandwidth_key``: a device's measured copy bandwidth, by the device's identity.
+- ``report_key``: the last two compile reports of a target name.
+- The toolchain facts (``toolchain.facts_key``: the prefix, torch's file and version, the CUDA and PATH
+  variables) are keyed in ``toolchain`` itself, the only recipe outside this module: ``toolchain_dirs`` below
+  imports the toolchain, which could not import this module back.
 
 Every entry records its key (object metadata, library manifests), so an entry copied or renamed over
 another key's is detected by ``cache.cached_object``/``verified_library`` and ``kernelkit cache verify``.
@@ -74,7 +87,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, List, Optional, Sequence, Tuple
 
-from . import sources, syntax
+from . import sources, store, syntax
 from .sources import sha256_bytes
 
 SCHEMA = "kernelkit-keys-2"
@@ -82,6 +95,11 @@ SCHEMA = "kernelkit-keys-2"
 
 def _key(kind: str, *parts: str) -> str:
     return sha256_bytes(SCHEMA.encode(), kind.encode(), *[p.encode("utf-8", "surrogateescape") for p in parts])
+
+
+def _record_key(store_name: str, *parts: str) -> str:
+    """A small record's key: its row's schema with ``SCHEMA``, so bumping either retires the row's records."""
+    return _key(f"{store_name}/{store.row(store_name).schema}", *parts)
 
 
 def _joined(items: Iterable[str]) -> str:
@@ -227,7 +245,7 @@ def scan_key(scan_format: str, text: str) -> str:
 
 
 def nvrtc_facts_key(prefix: str, env: Sequence[str]) -> str:
-    return _key("nvrtc-facts", prefix, *env)[:24]
+    return _record_key("nvrtc", prefix, *env)[:24]
 
 
 def source_key(name: str, portable_fingerprint: Sequence[str], ldflags: Sequence[str],
@@ -242,8 +260,28 @@ def source_key(name: str, portable_fingerprint: Sequence[str], ldflags: Sequence
 
 
 def launcher_record_key(source: bytes, python: str, prefix: str, torch_version: str, kernelkit_version: str) -> str:
-    return sha256_bytes(SCHEMA.encode(), b"launcher", source, python.encode(), prefix.encode(),
-                        torch_version.encode(), kernelkit_version.encode())[:24]
+    return _record_key("launcher", source.decode("utf-8", "surrogateescape"), python, prefix, torch_version,
+                       kernelkit_version)[:24]
+
+
+def torch_signatures_key(module_file: str, size: int, mtime_ns: int, torch_version: str) -> str:
+    """The parameter orders of an installed torch's ``torch.utils.cpp_extension``, by its file's identity."""
+    return _record_key("torch-signatures", module_file, str(size), str(mtime_ns), torch_version)[:24]
+
+
+def plan_key(parts: Sequence[str]) -> str:
+    """A warm plan (``jit.fast.recall.call_key``): ``parts`` are what the plan derives its target from."""
+    return _record_key("plans", *parts)
+
+
+def bandwidth_key(device: str) -> str:
+    """A device's measured bandwidth; ``device``: its identity (``harness.bandwidth``)."""
+    return _record_key("bandwidth", device)[:24]
+
+
+def report_key(name: str) -> str:
+    """The compile reports remembered for a target ``name`` (``inspect.compile_report``)."""
+    return _record_key("reports", name)[:24]
 
 
 # ------------------------------------------------------------------------------------ what keys cover

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from .. import replace_file, settings
+from .. import settings
 from ..errors import BuildError, KernelkitError
 from ..instant import signature
 from . import cache, keys, sources
@@ -76,14 +76,10 @@ def _facts() -> dict:
     only while the files an upgrade replaces (libnvrtc, cuda-bindings, the CUDA headers) are unchanged."""
     env = [os.environ.get(v, "") for v in ("CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH", "CUDA_PATHFINDER_SEARCH")]
     key = keys.nvrtc_facts_key(sys.prefix, [FORMAT, *env])
-    path = cache.cache_dir() / f"nvrtc-{key}.json"
-    try:
-        facts = json.loads(path.read_text())
-        if isinstance(facts.get("version"), list) and isinstance(facts.get("include"), (str, type(None))) \
-                and _unchanged(facts.get("files")):
-            return facts
-    except (OSError, ValueError, AttributeError):
-        pass
+    facts = cache.read_record("nvrtc", key)
+    if isinstance(facts.get("version"), list) and isinstance(facts.get("include"), (str, type(None))) \
+            and _unchanged(facts.get("files")):
+        return facts
     nvrtc = _nvrtc()
     err, major, minor = nvrtc.nvrtcVersion()
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
@@ -91,8 +87,7 @@ def _facts() -> dict:
     include = _find_cuda_include(int(major))
     facts = {"version": [int(major), int(minor)], "include": str(include) if include else None,
              "files": {f: _identity(f) for f in _upgraded_files(include)}}
-    with contextlib.suppress(OSError):  # a read-only cache: found again next time
-        replace_file.write(path, json.dumps(facts))
+    cache.write_record("nvrtc", key, facts)  # best effort: a read-only cache finds them again next time
     return facts
 
 

@@ -9,9 +9,10 @@ from typing import Tuple
 from . import build as _build
 from . import cache, prebuilt
 from .progress import say
+from .units import Target
 
 
-def local(target: _build.Target, prebuilt_ok: bool = True) -> Tuple[Path, bool, float] | None:
+def local(target: Target, prebuilt_ok: bool = True) -> Tuple[Path, bool, float] | None:
     """(path, True, 0.0) when the cache or a prebuilt holds ``target``; None when it must be built."""
     so = cache.verified_library(target.name, target.key)
     if so is not None:
@@ -23,7 +24,7 @@ def local(target: _build.Target, prebuilt_ok: bool = True) -> Tuple[Path, bool, 
     return None
 
 
-def obtain(target: _build.Target, prebuilt_ok: bool = True) -> Tuple[Path, bool, float]:
+def obtain(target: Target, prebuilt_ok: bool = True) -> Tuple[Path, bool, float]:
     """(path, cached, seconds spent building). Takes no process-wide lock: the cache's file locks keep
     concurrent builders of one entry apart, and builds of different entries run side by side."""
     return local(target, prebuilt_ok) or _build.build(target)

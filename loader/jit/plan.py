@@ -1,6 +1,6 @@
 """Planning: what to compile and how, for a card, a kernelkit inline cell, or torch-style extension sources.
 
-A plan is a :class:`build.Target` (translation units with their content keys, link flags, and the names
+A plan is a :class:`units.Target` (translation units with their content keys, link flags, and the names
 the user knows the files by). Planning runs no compiler, so a warm load costs hashing only; the one thing
 it writes is generated source text, into the content-addressed ``src/`` cache (written once per content).
 """
@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 from ..errors import KernelkitError
-from . import build as _build
-from . import recall, shards, syntax, toolchain, torch_cu
+from . import fast, syntax, toolchain
 from .cache import source_bytes, write_source
 from .cards import Card
 from .sources import INCLUDE, sha256_bytes
+from .units import Target, Unit, link_flags, plan_unit, target_key
 
 Functions = Union[None, str, Sequence[str], Mapping[str, str]]
 
@@ -50,14 +50,14 @@ def function_map(functions: Functions) -> Dict[str, str]:
     return funcs
 
 
-def make_target(name: str, units: List[_build.Unit], with_cuda: bool, pymodule: Optional[str],
+def make_target(name: str, units: List[Unit], with_cuda: bool, pymodule: Optional[str],
                 extra_ldflags: Sequence[str], texts: Dict[str, List[str]], *, torch_python: bool = False,
-                standalone: bool = False) -> _build.Target:
-    ldflags = _build.link_flags(with_cuda, bool(pymodule) or torch_python, extra_ldflags, standalone=standalone)
+                standalone: bool = False) -> Target:
+    ldflags = link_flags(with_cuda, bool(pymodule) or torch_python, extra_ldflags, standalone=standalone)
     shown = {str(u.path): u.display for u in units}
     for u in units:
         shown.update({str(d): display(d) for d in u.deps})
-    return _build.Target(name, units, ldflags, _build.target_key(name, units, ldflags), with_cuda, pymodule,
+    return Target(name, units, ldflags, target_key(name, units, ldflags), with_cuda, pymodule,
                          shown, texts, standalone=standalone)
 
 
@@ -72,7 +72,7 @@ def cpp_string(s: str) -> str:
 
 # ------------------------------------------------------------------------------------------------ cards
 def plan_card(card: Card, arch, extra_cflags, extra_cuda_cflags, extra_ldflags,
-              extra_include_paths, dtype_shards: bool = True) -> _build.Target:
+              extra_include_paths, dtype_shards: bool = True) -> Target:
     """``dtype_shards=False``: each .cu as one TU wherever this machine would shard it (an ahead-of-time build,
     which no edit follows)."""
     spec = card.spec
@@ -107,26 +107,23 @@ def plan_card(card: Card, arch, extra_cflags, extra_cuda_cflags, extra_ldflags,
             f'#include "{header.name}"\n',
         ])
         path = write_source(text, f"{card.name}_binding.cpp")
-        units.append(_build.plan_unit("cpp", path, text, include_dirs, cflags, archs,
+        units.append(plan_unit("cpp", path, text, include_dirs, cflags, archs,
                                       f"{display(header)} (binding)", optimize="-O2",
                                       pch_defines=pch_defines(with_cuda)))
     return make_target(card.name, units, with_cuda, None, list(extra_ldflags), texts)
 
 
-def _card_units(kind: str, src: Path, text: str, include_dirs, flags, archs, dtype_shards: bool) -> List[_build.Unit]:
+def _card_units(kind: str, src: Path, text: str, include_dirs, flags, archs, dtype_shards: bool) -> List[Unit]:
     """The TU of a card's source, or its dtype shards (jit.shards) where it can be and sharding pays here."""
-    whole = _build.plan_unit(kind, src, text, include_dirs, flags, archs, display(src))
-    count = shards.count(kind, whole.uses_torch, text, whole.deps, whole.flags, whole.digest) if dtype_shards else 1
-    if count == 1:
-        return [whole]
-    return [_build.with_define(whole, shards.define(i), shard=(i, count)) for i in range(count)]
+    whole = plan_unit(kind, src, text, include_dirs, flags, archs, display(src))
+    return fast.expand(whole, text) if dtype_shards else [whole]
 
 
 # ------------------------------------------------------------------------------- kernelkit inline cells
 
 
 def plan_inline(name: str, cuda: Optional[str], cpp: Optional[str], funcs: Dict[str, str], arch, cflags,
-                cuflags, ldflags, include_paths, gil_not_used: bool = False) -> _build.Target:
+                cuflags, ldflags, include_paths, gil_not_used: bool = False) -> Target:
     """kernelkit's own inline form: ``cuda`` is device code compiled alone (fast to rebuild when it keeps
     torch out), ``cpp`` the binding with ``KERNELKIT_LIBRARY`` or ``functions`` bound by pybind11."""
     include_dirs = [INCLUDE] + [Path(p).resolve() for p in include_paths]
@@ -143,9 +140,8 @@ def plan_inline(name: str, cuda: Optional[str], cpp: Optional[str], funcs: Dict[
         elif syntax.includes_torch(cuda):  # split by torch_cu, which cites it by this name: its host TU (#line
             text = f'#line 1 "{name}.cu"\n' + cuda  # marks, launcher names) outlives a kernel edit
         path = write_source(text, f"{name}.cu")
-        unit = _build.plan_unit("cu", path, text, include_dirs, cuflags, archs, f"{name}.cu")
-        torch_cu.prepare(unit)  # a cell whose device part uses torch: its kernels still rebuild alone
-        units.append(unit)
+        # a cell whose device part uses torch: its kernels still rebuild alone
+        units.append(fast.claim(plan_unit("cu", path, text, include_dirs, cuflags, archs, f"{name}.cu")))
         texts[f"{name}.cu"] = cuda.splitlines()
     pymodule = None
     if cpp or funcs:
@@ -163,7 +159,7 @@ def plan_inline(name: str, cuda: Optional[str], cpp: Optional[str], funcs: Dict[
             texts[f"{name}_bindings.cpp"] = tail.splitlines()[1:]
         text = head + body + tail
         path = write_source(text, f"{name}_binding.cpp")
-        units.append(_build.plan_unit("cpp", path, text, include_dirs, cflags, archs, f"{name}.cpp", optimize="-O2",
+        units.append(plan_unit("cpp", path, text, include_dirs, cflags, archs, f"{name}.cpp", optimize="-O2",
                                       pch_defines=None if funcs else pch_defines(with_cuda)))
         texts[f"{name}.cpp"] = (cpp or "").splitlines()
     return make_target(name, units, with_cuda, pymodule, ldflags, texts)
@@ -194,10 +190,10 @@ def plan_extension(name: str, sources: Sequence[Path], *, arch=None, extra_cflag
                    extra_ldflags=(), extra_include_paths=(), with_cuda: Optional[bool] = None,
                    is_python_module: bool = True, is_standalone: bool = False,
                    displays: Optional[Dict[Path, str]] = None,
-                   texts: Optional[Dict[str, List[str]]] = None, use_record: bool = False) -> _build.Target:
+                   texts: Optional[Dict[str, List[str]]] = None, use_record: bool = False) -> Target:
     """torch.utils.cpp_extension.load's build: each source its own cached unit, compiled with the flags
     torch would use, linked the way torch links (torch_python too, unless standalone). ``use_record``: return
-    the target recorded for this very call when nothing it read has changed (a :class:`recall.Recalled`, which
+    the target recorded for this very call when nothing it read has changed (a :class:`fast.recall.Recalled`, which
     can open a cached build but not build one), and record a full plan for the next process."""
     if not name.isidentifier():
         raise ValueError(f"name: expected a Python identifier (it names the extension module), got {name!r}")
@@ -215,10 +211,10 @@ def plan_extension(name: str, sources: Sequence[Path], *, arch=None, extra_cflag
     flags_by_kind = {k: _torch_style_flags(name, k, with_cuda, list(extra_cuda_cflags if k == "cu" else extra_cflags),
                                            archs, is_standalone) for k in sorted(kinds)}
     if use_record:
-        ldflags = _build.link_flags(with_cuda, not is_standalone, list(extra_ldflags), standalone=is_standalone)
-        call = recall.call_key(name, sources, {k: [f"-I{d}" for d in include_dirs] + f for k, f in flags_by_kind.items()},
+        ldflags = link_flags(with_cuda, not is_standalone, list(extra_ldflags), standalone=is_standalone)
+        call = fast.recall_key(name, sources, {k: [f"-I{d}" for d in include_dirs] + f for k, f in flags_by_kind.items()},
                                ldflags, name if is_python_module else None, is_standalone)
-        recalled = recall.recall(call)
+        recalled = fast.recall_plan(call)
         if recalled is not None:
             return recalled
         started = time.time()
@@ -231,8 +227,8 @@ def plan_extension(name: str, sources: Sequence[Path], *, arch=None, extra_cflag
         flags = flags_by_kind[kind]
         shown = (displays or {}).get(src) or display(src)
         text = src.read_text(errors="replace")
-        unit = _build.plan_unit(kind, src, text, include_dirs, flags, archs, shown, optimize=None, torch_style=True)
-        torch_cu.prepare(unit)  # a .cu that includes torch: split into host and device TUs where it can be
+        unit = fast.claim(plan_unit(kind, src, text, include_dirs, flags, archs, shown, optimize=None,
+                                          torch_style=True))  # a .cu that includes torch: the split's, where it can be
         units.append(unit)
         shown_texts.setdefault(shown, text.splitlines())
     if is_python_module and not is_standalone:
@@ -240,11 +236,11 @@ def plan_extension(name: str, sources: Sequence[Path], *, arch=None, extra_cflag
     target = make_target(name, units, with_cuda, name if is_python_module else None, list(extra_ldflags),
                          shown_texts, torch_python=not is_standalone, standalone=is_standalone)
     if use_record:
-        recall.remember(call, target, started)
+        fast.remember_plan(call, target, started)
     return target
 
 
-def _require_module_init(name: str, units: Sequence[_build.Unit]) -> None:
+def _require_module_init(name: str, units: Sequence[Unit]) -> None:
     """A Python module needs an init function: say so now rather than after minutes of compiling."""
     files = [u.path for u in units] + [d for u in units for d in u.deps]
     texts = [source_bytes(f) for f in files]
@@ -298,7 +294,7 @@ def _named_as(path: str) -> str:
 def plan_torch_inline(name: str, cpp_sources, cuda_sources, functions: Functions, *,
                       with_pytorch_error_handling: bool = True, no_implicit_headers: bool = False,
                       gil_not_used: bool = False, implicit_main: bool = True, build_directory=None,
-                      **ext) -> _build.Target:
+                      **ext) -> Target:
     """torch.utils.cpp_extension.load_inline's sources, written as torch writes them (``main.cpp`` with
     ``<torch/extension.h>`` and the generated PYBIND11_MODULE, ``cuda.cu`` with torch's three includes), line
     for line, so ``__LINE__`` and the compiler's messages count as under torch; a first ``#line`` mark names the

@@ -26,7 +26,7 @@ from typing import Iterable, List, Optional, Sequence, Set, Tuple
 
 from .. import settings
 from ..errors import CacheSecurityError, KernelkitError
-from . import keys, shards, toolchain
+from . import keys, toolchain
 from .progress import say
 from .sources import digest_tree, sha256_file
 
@@ -73,15 +73,15 @@ def portable_fingerprint() -> List[str]:
 
 
 def source_key(target) -> str:
-    """The machine-independent key of a planned build (a ``build.Target``): see ``keys.source_key``."""
+    """The machine-independent key of a planned build (a ``units.Target``): see ``keys.source_key``."""
     units = []
     for u in target.units:
         shard = getattr(u, "shard", None)
         if shard is not None and shard[0] > 0:  # dtype shards are one file compiled whole: one unit, as an AOT build has
             continue
-        _, _, flags = split_flags(u.flags)
-        flags = [f for f in flags if not (shard and f.startswith(f"-D{shards.DEFINE}="))]
-        # the digest the unit was planned with, where build.Unit records it (else the files as they are now)
+        # a shard is its file's unit with one more -D, last (units.with_define): the whole file's flags without it
+        _, _, flags = split_flags(u.flags[:-1] if shard else u.flags)
+        # the digest the unit was planned with, where units.Unit records it (else the files as they are now)
         digest = getattr(u, "digest", None) or digest_tree(u.path.read_bytes(), u.deps, getattr(u, "roots", ()))
         units.append((u.kind, flags, digest))
     return keys.source_key(target.name, portable_fingerprint(), key_ldflags(target.ldflags), units,
@@ -208,7 +208,7 @@ def _what_differs(manifest: dict) -> str:
 
 
 def find_prebuilt(target) -> Optional[Path]:
-    """The prebuilt .so for ``target`` (a planned ``build.Target``) if one matches its source key and
+    """The prebuilt .so for ``target`` (a planned ``units.Target``) if one matches its source key and
     covers its CUDA archs; None otherwise (the caller builds with JIT). Never writes, never locks."""
     if not settings.fast_path("prebuilt"):
         return None

@@ -3,11 +3,8 @@ not a source file. Identities are cheap (stat, no process spawned) so a warm loa
 from __future__ import annotations
 
 import _ctypes
-import contextlib
 import ctypes
 import functools
-import hashlib
-import json
 import logging
 import os
 import re
@@ -17,10 +14,11 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from .. import replace_file, settings
+from .. import settings
 from ..errors import KernelkitError
 from ..version import __version__
-from . import cache
+from . import cache, store
+from .sources import sha256_bytes
 
 log = logging.getLogger("kernelkit")
 
@@ -270,21 +268,24 @@ def check_cuda_match(what: str) -> None:
             "(`kernelkit doctor` checks the whole toolchain).")
 
 
+def facts_key() -> str:
+    """The key of the toolchain facts record: what the facts depend on, and the row's schema (``store.STORES``).
+    Derived here, not in ``keys``: keys.toolchain_dirs imports this module, which cannot import keys back."""
+    env = [os.environ.get(v, "") for v in ("CUDA_HOME", "CUDA_PATH", "PATH", "ROCM_HOME")]
+    parts = [f"toolchain/{store.row('toolchain').schema}", sys.prefix, torch.__file__, torch.__version__, *env]
+    return sha256_bytes(*[p.encode("utf-8", "surrogateescape") for p in parts])[:24]
+
+
 @functools.lru_cache(maxsize=None)
 def facts() -> Dict[str, object]:
     """torch's include/library paths, CUDA_HOME and nvcc flags. Importing torch.utils.cpp_extension
-    (it imports setuptools) costs ~0.2 s, so a warm load reads them from a small file in the cache,
-    keyed by everything they depend on."""
-    env = [os.environ.get(v, "") for v in ("CUDA_HOME", "CUDA_PATH", "PATH", "ROCM_HOME")]
-    key = hashlib.sha256("\0".join(["facts-v7", sys.prefix, torch.__file__, torch.__version__, *env]).encode()).hexdigest()[:24]
-    path = cache.cache_dir() / f"toolchain-{key}.json"
+    (it imports setuptools) costs ~0.2 s, so a warm load reads them from a small record in the cache,
+    keyed by everything they depend on (``facts_key``)."""
+    key = facts_key()
     lists = ("include_cpu", "include_cuda", "lib_cpu", "lib_cuda", "nvcc_flags", "pybind_flags")
     optional = ("cuda_home", "cuda_home_without_nvcc", "cuda_toolkit_version")
-    try:
-        stored = json.loads(path.read_text())
-    except (OSError, ValueError):
-        stored = None
-    # a damaged file (valid JSON of the wrong shape, e.g. `{}`) is recomputed, never trusted
+    stored = cache.read_record("toolchain", key)
+    # a damaged record (valid JSON of the wrong shape, e.g. `{}`) is recomputed, never trusted
     if (isinstance(stored, dict) and isinstance(stored.get("cxx_std"), str)
             and isinstance(stored.get("python_include"), str)
             and all(isinstance(stored.get(k), list) and all(isinstance(x, str) for x in stored[k]) for k in lists)
@@ -292,8 +293,7 @@ def facts() -> Dict[str, object]:
             and _same_toolkit(stored)):
         return stored
     found = _compute_facts()
-    with contextlib.suppress(OSError):  # a read-only cache still works, just slower
-        replace_file.write(path, json.dumps(found))
+    cache.write_record("toolchain", key, found)  # best effort: a read-only cache still works, just slower
     return found
 
 

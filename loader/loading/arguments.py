@@ -3,18 +3,16 @@ torch installed (torch 2.8 inserted the SYCL parameters), plus kernelkit's keywo
 flags (each stripped, then split the way the shell of torch's ninja build splits a command line)."""
 from __future__ import annotations
 
-import contextlib
 import difflib
 import functools
 import importlib
 import inspect
-import json
 import os
 import shlex
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .. import replace_file, settings
+from .. import settings
 
 #: kernelkit's own keywords, beside torch's
 KERNELKIT_KEYWORDS = {
@@ -57,22 +55,18 @@ def _recorded_orders() -> Dict[str, Tuple[str, ...]]:
     """Both functions' orders, recorded per torch install (keyed by the module file's size and mtime)."""
     import torch
 
-    from ..jit import cache
-    from ..jit.sources import sha256_bytes
+    from ..jit import cache, keys
 
     src = os.path.join(os.path.dirname(torch.__file__), "utils", "cpp_extension.py")
     st = os.stat(src)
-    key = sha256_bytes(f"{src}\0{st.st_size}\0{st.st_mtime_ns}\0{torch.__version__}".encode())[:24]
-    path = cache.cache_dir() / f"torch-signatures-{key}.json"
-    try:
-        return {k: tuple(v) for k, v in json.loads(path.read_text()).items()}
-    except (OSError, ValueError, AttributeError):
-        pass
+    key = keys.torch_signatures_key(src, st.st_size, st.st_mtime_ns, torch.__version__)
+    recorded = cache.read_record("torch-signatures", key)
+    if all(isinstance(recorded.get(f), list) for f in ("load", "load_inline")):
+        return {f: tuple(recorded[f]) for f in ("load", "load_inline")}
     from torch.utils import cpp_extension
 
     orders = {f: _order(cpp_extension, f) for f in ("load", "load_inline")}
-    with contextlib.suppress(OSError):  # a read-only cache: the next process imports the module again
-        replace_file.write(path, json.dumps(orders))
+    cache.write_record("torch-signatures", key, orders)  # best effort: a read-only cache imports the module again
     return orders
 
 

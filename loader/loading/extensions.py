@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from .. import settings
-from ..jit import plan, recall
+from ..jit import fast, plan
 from ..jit.distributed import joining
 from ..jit.sources import resolved
 from . import arguments
@@ -40,7 +40,7 @@ def _recalled_or_planned(make_plan, python_module: bool, build_directory, do_loa
     """The cached library of the plan recorded for this call when nothing it read has changed, else the full
     plan's build (which records the plan for the next process). KERNELKIT_FAST=off: always the full plan."""
     target = make_plan(use_record=settings.fast_path("records"))
-    if isinstance(target, recall.Recalled):
+    if fast.recalled(target):
         result = open_extension(target, python_module, build_directory, do_load, cached_only=True)
         if result is not None:
             return result

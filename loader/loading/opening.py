@@ -23,11 +23,11 @@ import torch
 
 from .. import replace_file
 from ..errors import KernelkitError
-from ..jit import build as _build
-from ..jit import cache, obtain, recall, registry
+from ..jit import cache, fast, obtain, registry
 from ..jit.cards import Card
 from ..jit.library import Library, import_extension
 from ..jit.progress import say
+from ..jit.units import Target
 
 
 @dataclasses.dataclass
@@ -56,7 +56,7 @@ def _opening(key: str) -> Iterator[None]:
         yield
 
 
-def _obtain(target: _build.Target, prebuilt_ok: bool, group):
+def _obtain(target: Target, prebuilt_ok: bool, group):
     if group is None:
         return obtain.obtain(target, prebuilt_ok)
     from ..jit import distributed
@@ -64,7 +64,7 @@ def _obtain(target: _build.Target, prebuilt_ok: bool, group):
     return distributed.obtain_library(target, group, prebuilt_ok)
 
 
-def open_library(target: _build.Target, card: Optional[Card], options: dict, do_load: bool, group=None,
+def open_library(target: Target, card: Optional[Card], options: dict, do_load: bool, group=None,
                  nvrtc=None, make_current: bool = True):
     """A card's or an inline cell's build as a :class:`Library` (or :class:`BuildInfo`). ``nvrtc``: the card's
     NVRTC kernels (``instant.card_kernels``), handed to the library before it becomes the card's current build;
@@ -105,7 +105,7 @@ def _reuse(lib: Library, card: Optional[Card], options: dict, do_load: bool, nvr
     return lib
 
 
-def open_extension(target: _build.Target, is_python_module: bool, build_directory, do_load: bool, group=None,
+def open_extension(target: Target, is_python_module: bool, build_directory, do_load: bool, group=None,
                    cached_only: bool = False):
     """A torch-style extension as torch returns it: the module (also under its name in ``sys.modules``, as
     torch's loader left it before torch 2.9), the library's path, or the executable's. ``cached_only``: None
@@ -119,13 +119,13 @@ def open_extension(target: _build.Target, is_python_module: bool, build_director
         if hit is None:
             if do_load and not target.standalone:
                 refuse_redefined_namespaces(target)  # before minutes of compiling for nothing
-            before = recall.entry_before_hash(target) if not cached_only and group is None else None
+            before = fast.before_verify(target) if not cached_only and group is None else None
             found = _cached(target) if cached_only else _obtain(target, False, group)
             if found is None:
                 return None
             so, cached, seconds = found
             if cached and before is not None:  # its sha256 was just checked (obtain verifies every cache hit)
-                recall.stamp_verified(target, so, before)
+                fast.verified(target, so, before)
             if not do_load:
                 return BuildInfo(target.name, target.key, so, cached, seconds)
             hit = _open_extension_file(target, so, cached, is_python_module)
@@ -139,18 +139,18 @@ def open_extension(target: _build.Target, is_python_module: bool, build_director
         return result
 
 
-def _say_reused(target: _build.Target, so: Path) -> None:
+def _say_reused(target: Target, so: Path) -> None:
     # a prebuilt said so itself when it was found; a recalled target's library is always the cache's
-    if isinstance(target, recall.Recalled) or Path(so).is_relative_to(cache.cache_dir()):
+    if fast.recalled(target) or Path(so).is_relative_to(cache.cache_dir()):
         say(f"{target.name}: reusing cached build {target.key[:12]}")
 
 
-def _cached(target: _build.Target):
-    so = recall.verified_library(target) if isinstance(target, recall.Recalled) else None
+def _cached(target: Target):
+    so = fast.recalled_library(target)
     return None if so is None else (so, True, 0.0)
 
 
-def _open_extension_file(target: _build.Target, so: Path, cached: bool, is_python_module: bool):
+def _open_extension_file(target: Target, so: Path, cached: bool, is_python_module: bool):
     if cached:
         _say_reused(target, so)
     if target.standalone:
@@ -164,7 +164,7 @@ def _open_extension_file(target: _build.Target, so: Path, cached: bool, is_pytho
     return result, so
 
 
-def _import_module(target: _build.Target, so: Path):
+def _import_module(target: Target, so: Path):
     module = import_extension(target.import_name, so)
     module.__name__ = target.name  # as torch names it (its spec keeps the per-build import name)
     module.__kernelkit_key__ = target.key
@@ -172,10 +172,10 @@ def _import_module(target: _build.Target, so: Path):
 
 
 # ------------------------------------------------------------------------------------------ failures
-def refuse_redefined_namespaces(target: _build.Target) -> None:
+def refuse_redefined_namespaces(target: Target) -> None:
     """torch aborts the process when a second library defines a TORCH_LIBRARY namespace: refuse first. The
     blocks are found in every source and local header of the target, whatever it is loaded as."""
-    defined = set(recall.defined_namespaces(target))  # a recalled plan carries them: no file is read
+    defined = set(fast.namespaces(target))  # a recalled plan carries them: no file is read
     clash = sorted(ns for ns in defined if _namespace_defined(ns))
     if clash:
         raise KernelkitError(
@@ -202,7 +202,7 @@ def _namespace_defined(ns: str) -> bool:
 _UNDEFINED = re.compile(r"undefined symbol: (\S+)")
 
 
-def _loading(target: _build.Target, opener):
+def _loading(target: Target, opener):
     """Open a built library; one that names a symbol no source defines is removed from the cache (it can
     never load) and reported with the symbol demangled."""
     try:
@@ -227,7 +227,7 @@ def _demangle(symbol: str) -> str:
     return f"{out} ({symbol})" if out and out != symbol else symbol
 
 
-def _copy_into(build_directory, target: _build.Target, so: Path) -> Path:
+def _copy_into(build_directory, target: Target, so: Path) -> Path:
     """torch's build_directory: the finished library (and load_inline's sources) also land there."""
     d = Path(build_directory).expanduser()
     d.mkdir(parents=True, exist_ok=True)

@@ -24,8 +24,11 @@ import threading
 from pathlib import Path
 from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
-from .. import settings
-from . import cache, reaper, toolchain
+from ... import settings
+from ...errors import BuildError
+from .. import cache, reaper, running, toolchain
+from ..running import count, state
+from ..units import Target
 
 log = logging.getLogger("kernelkit")
 
@@ -124,6 +127,35 @@ def make_recipe_later(name: str, ldflags: Sequence[str], cmd: List[str], objects
             atexit.register(_finish_proofs)  # after _stand_in_dir's removal was registered: runs before it
         thread.start()
         _PROOFS[key] = thread
+
+
+def link(target: Target, cmd: List[str]) -> Optional[bool]:
+    """Link against proven stand-ins (True), or link for real with a trace that makes them for later links of these
+    flags (True); None: neither applies, or that link failed (the core links plainly, which says what is wrong)."""
+    what, objects = f"linking {target.name}", [Path(a) for a in cmd[1:cmd.index("-o")]]
+    fast = command(target.name, target.ldflags, cmd, objects)
+    if fast is not None:
+        try:
+            running.run_tool(fast, what, target, "links")
+            count("stand_in_links")
+            return True
+        except BuildError:
+            log.debug("the link against stand-ins failed: linking for real, which says what is wrong")
+    current = state(target)
+    if current is None or not wants_recipe(target.name, target.ldflags):
+        return None
+    try:
+        trace = trace_flags(objects, current.pins)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if not trace:
+        return None
+    try:
+        output = running.run_tool(cmd + trace, what, target, "links")
+    except BuildError:
+        return None  # the plain link gives the error without the trace's lines (or passes now)
+    make_recipe_later(target.name, target.ldflags, cmd, objects, Path(cmd[cmd.index("-o") + 1]), output)
+    return True
 
 
 def _pin(path: Path, to: Path) -> Path:

@@ -15,11 +15,12 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
-from .. import settings
-from . import syntax
-from .sources import INCLUDE
+from ... import settings
+from .. import syntax
+from ..sources import INCLUDE
+from ..units import Unit, with_define
 
 SHARDS = 4  # float, double, __half, __nv_bfloat16: the order of KK_INSTANTIATE_FLOATING
 MIN_CPUS = 4  # fewer cores: four compiles of one file take longer than one
@@ -56,6 +57,12 @@ def count(kind: str, uses_torch: bool, text: str, deps: Sequence[Path], flags: S
 @functools.lru_cache(maxsize=256)
 def _unit_blocker(digest: str, text: str, deps: Tuple[Path, ...]) -> Optional[str]:  # noqa: ARG001 - the key
     return blocker(text, deps)
+
+
+def expand(unit: Unit, text: str) -> Optional[List[Unit]]:
+    """A card source's dtype shards, each its unit with one more define; None: compiled whole."""
+    n = count(unit.kind, unit.uses_torch, text, unit.deps, unit.flags, unit.digest)
+    return None if n == 1 else [with_define(unit, define(i), shard=(i, n)) for i in range(n)]
 
 
 def define(index: int) -> str:

@@ -79,7 +79,7 @@ def _implicit(cuda_home: Optional[str]) -> List[str]:
 
 
 def _cuda_home() -> str:
-    from .. import toolchain  # torch-importing: only where a build is being planned
+    from ... import toolchain  # torch-importing: only where a build is being planned
 
     home = toolchain.facts()["cuda_home"]
     if not home:

@@ -16,6 +16,7 @@ is an error saying why); ``full`` builds every such file as written.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -24,12 +25,14 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from .. import settings
-from ..diagnostics import Diagnostic
-from ..errors import BuildError, KernelkitError
-from . import build as _build
-from . import cache, host_lines, keys, sources, split, split_proof, toolchain, torch_headers
-from .progress import say
+from ... import settings
+from ...diagnostics import Diagnostic
+from ...errors import BuildError, KernelkitError
+from .. import cache, inputs, keys, running, sources, toolchain, units
+from ..advice import SLOW_TORCH_UNIT_SECONDS, torch_cost_advice
+from ..progress import say
+from ..units import Target, Unit
+from . import host_lines, split, split_proof, torch_headers
 from .split import instantiate
 
 VERSION = "split-3"  # the construction: a change gives every split object a new key
@@ -44,43 +47,51 @@ def strategy() -> str:
     return value if settings.fast_path("torch_cu_split") else "full"
 
 
-def applies(unit: _build.Unit) -> bool:
+def applies(unit: Unit) -> bool:
     """A torch-style ``.cu`` that includes torch's headers (what the other strategies are for)."""
     return unit.kind == "cu" and unit.uses_torch
 
 
-def prepare(unit: _build.Unit) -> None:
-    """Give a torch-including .cu this module's builder, and a key that names the strategy asked for."""
-    if applies(unit):
-        unit.builder = compile_unit
-        unit.key = keys.build_variant_key(unit.key, f"torch-cu={strategy()}/{VERSION}")
+NAME = "torch_cu"  # what the unit's strategy says once this module claimed it
 
 
-def compile_unit(unit: _build.Unit, target: _build.Target, out: Path, depfile: Path) -> None:
-    """Write ``unit``'s object at ``out``: through the split where it applies, else nvcc on the file."""
+def claim(unit: Unit) -> Optional[Unit]:
+    """A torch-including .cu, claimed: its key names the strategy asked for. None: not such a file."""
+    if not applies(unit):
+        return None
+    return dataclasses.replace(unit, strategy=NAME,
+                               key=keys.build_variant_key(unit.key, f"torch-cu={strategy()}/{VERSION}"))
+
+
+def compile_split(unit: Unit, target: Target, out: Path, depfile: Path, core) -> Optional[dict]:
+    """Write a claimed unit's object at ``out``: through the split where it applies, else nvcc on the file (through
+    ``core``, saying why and what it cost). None: a unit this module did not claim."""
+    if unit.strategy != NAME:
+        return None
     chosen = strategy()
-    reason = _split_into(unit, target, out) if chosen != "full" else \
+    reason = _split_into(unit, target, out, core) if chosen != "full" else \
         ("KERNELKIT_TORCH_CU=full" if settings.TORCH_CU.get() == "full" else "KERNELKIT_FAST=0")
     if reason is None:
-        return
+        return {"split": True}
     if chosen == "split":
         raise KernelkitError(f"{unit.display}: KERNELKIT_TORCH_CU=split, but the file cannot be split: {reason}. "
                              "Unset it (auto) to build such a file as written.")
     t0 = time.perf_counter()
-    _build.compile_as_written(unit, target, out, depfile)
+    made = core.compile_as_written(unit, target, out, depfile)
     seconds = time.perf_counter() - t0
-    if unit.device_only:
+    if made.get("device_only"):
         say(f"{unit.display}: device code only ({reason}; the host side of an earlier build reused) {seconds:.1f} s")
-        return
+        return made
     say(f"{unit.display}: full nvcc build ({reason}) {seconds:.1f} s")
-    if seconds >= _build.SLOW_TORCH_UNIT_SECONDS:
-        _build.torch_cost_advice(unit, seconds, f" (kernelkit could not split it: {reason})")
+    if seconds >= SLOW_TORCH_UNIT_SECONDS:
+        torch_cost_advice(unit, seconds, f" (kernelkit could not split it: {reason})")
+    return made
 
 
 # ------------------------------------------------------------------------------------------- the split
-def _split_into(unit: _build.Unit, target: _build.Target, out: Path) -> Optional[str]:
+def _split_into(unit: Unit, target: Target, out: Path, core) -> Optional[str]:
     """None when ``out`` holds the split build; else why the file is to be built as written."""
-    before = _build.snapshot(unit)
+    before = inputs.snapshot(unit)
     text, cited, first = user_text(unit)
     result = split.split_source(text, cited, split.local_headers(_include_dirs(unit.flags)), torch_headers.heavy,
                                 first_line=first)
@@ -100,7 +111,7 @@ def _split_into(unit: _build.Unit, target: _build.Target, out: Path) -> Optional
     proof = None if covered else Proof(unit, target, nice=False, names_key=names_key, result=result)
     pool = concurrent.futures.ThreadPoolExecutor(1)
     try:
-        parts = _compiled_parts(result, unit, host_flags, target, pool)
+        parts = _compiled_parts(result, unit, host_flags, target, pool, core)
         if isinstance(parts, str):
             return parts
         device_unit, device, host, table = parts
@@ -120,19 +131,19 @@ def _split_into(unit: _build.Unit, target: _build.Target, out: Path) -> Optional
     return None
 
 
-def _proven(proof: "Proof", unit: _build.Unit, device_unit: _build.Unit, frame: str, record: dict,
+def _proven(proof: "Proof", unit: Unit, device_unit: Unit, frame: str, record: dict,
             result: split.Split, before) -> Optional[str]:
     """None when the proof found the device TU's code the file's own (the frame's record then holds the names it
     saw); else why not, which the record keeps unless the file changed under the proof."""
     why = proof.difference(device_unit, device_unit.path.read_text(errors="surrogateescape"))
     if why is None:
         _store_frame(frame, {"proven": sorted(set(record.get("proven", [])) | set(result.names))})
-    elif _build.snapshot(unit) == before:
+    elif inputs.snapshot(unit) == before:
         _store_frame(frame, {**record, "refused": why})
     return why
 
 
-def user_text(unit: _build.Unit) -> Tuple[str, str, int]:
+def user_text(unit: Unit) -> Tuple[str, str, int]:
     """The text to split, the path it cites and the number of its first line. A generated source names itself
     with a ``#line 1 "<path>"`` mark: as its first line (load_inline's ``cuda.cu``, named as torch would have
     written it), or after the includes kernelkit put before the user's code (kernelkit's inline form)."""
@@ -163,12 +174,12 @@ class _Part:
         self.obj, self.note = obj, note
 
 
-def _compiled_parts(result: split.Split, unit: _build.Unit, host_flags: List[str], target: _build.Target, pool):
+def _compiled_parts(result: split.Split, unit: Unit, host_flags: List[str], target: Target, pool, core):
     """(device unit, device part, host part, line table) or why the file is to be built as written. Host and
     device TUs compile side by side, but a templated file's device TU instantiates what the host object calls.
     A device TU that lacks a declaration is tried once more with every light header in its prelude."""
     host_unit = _host_unit(result, unit, host_flags)
-    host = pool.submit(_host_part, host_unit, result, target, unit)
+    host = pool.submit(_host_part, host_unit, result, target, unit, core)
     undefined: List = []
     if result.templated:
         host_obj, table = host.result()
@@ -184,7 +195,7 @@ def _compiled_parts(result: split.Split, unit: _build.Unit, host_flags: List[str
         if whole and text == device_unit.path.read_text(errors="surrogateescape"):
             break  # the prelude was whole already
         device_unit = _sub_unit("cu", text, f"{unit.path.stem}.device.cu", unit, unit.flags)
-        device = _compiled(device_unit, target, unit, "device")
+        device = _compiled(device_unit, target, unit, "device", core)
         if not isinstance(device, str):
             break
     host_obj, table = host.result()
@@ -195,9 +206,9 @@ def _compiled_parts(result: split.Split, unit: _build.Unit, host_flags: List[str
     return device_unit, device, host_obj, table
 
 
-def _host_unit(result: split.Split, unit: _build.Unit, flags: List[str]) -> _build.Unit:
+def _host_unit(result: split.Split, unit: Unit, flags: List[str]) -> Unit:
     """The host TU. Where the file starts with torch's includes, that start (the split's preamble) is a header
-    of its own, named by its content and included first, which gcc can take precompiled (``build.pch_flags``)."""
+    of its own, named by its content and included first, which gcc can take precompiled (``fast.pch``)."""
     name = f"{unit.path.stem}.host.cpp"
     tu = result.host
     if not tu.preamble:
@@ -206,19 +217,19 @@ def _host_unit(result: split.Split, unit: _build.Unit, flags: List[str]) -> _bui
     return _sub_unit("cpp", tu.text, name, unit, flags, pch_header=header)
 
 
-def _host_part(host_unit: _build.Unit, result: split.Split, target: _build.Target, unit: _build.Unit):
+def _host_part(host_unit: Unit, result: split.Split, target: Target, unit: Unit, core):
     cached = cache.cached_object(host_lines.lines_key(host_unit, result.host)) is not None
     t0 = time.perf_counter()
     try:
-        obj, table = host_lines.compile_host(host_unit, result.host, target)
+        obj, table = host_lines.compile_host(host_unit, result.host, target, core)
     except BuildError as e:
         return _failed(e, target, unit, "host"), None
     note = "cached" if cached else f"{time.perf_counter() - t0:.1f} s"
     return _Part(obj, note), table
 
 
-def _sub_unit(kind: str, text: str, filename: str, unit: _build.Unit, flags: List[str],
-              pch_header: Optional[Path] = None) -> _build.Unit:
+def _sub_unit(kind: str, text: str, filename: str, unit: Unit, flags: List[str],
+              pch_header: Optional[Path] = None) -> Unit:
     """A generated TU, cached by its own text. Its quoted includes that were not written into it are looked for
     where the file's own would be (``-iquote`` its dir: no ``<...>`` include changes; none for a file kernelkit
     generated, whose dir is named for its text and holds nothing else), and the preamble's dir."""
@@ -227,24 +238,24 @@ def _sub_unit(kind: str, text: str, filename: str, unit: _build.Unit, flags: Lis
     quote = [f for d in here for f in (["-Xcompiler", f"-iquote,{d}"] if kind == "cu" else ["-iquote", d])]
     extra = [*quote, *flags]
     dirs = [pch_header.parent] if pch_header else []
-    return _build.plan_unit(kind, path, text, dirs, extra, [], f"{unit.display} ({kind} part)",
+    return units.plan_unit(kind, path, text, dirs, extra, [], f"{unit.display} ({kind} part)",
                             optimize=None, torch_style=True, pch_header=pch_header)
 
 
-def _compiled(part: _build.Unit, target: _build.Target, unit: _build.Unit, what: str):
+def _compiled(part: Unit, target: Target, unit: Unit, what: str, core):
     """The part compiled (cached when it was) or why the file is to be built as written. A compile error that is
     plainly the user's (every error in their file, none a missing declaration) is raised at once: nvcc on the
     file as written would only say it again, slower."""
     cached = cache.cached_object(part.key) is not None
     t0 = time.perf_counter()
     try:
-        obj = _build.compile_cached(part, target)
+        obj = core.compile_cached(part, target)
     except BuildError as e:
         return _failed(e, target, unit, what)
     return _Part(obj, "cached" if cached else f"{time.perf_counter() - t0:.1f} s")
 
 
-def _failed(e: BuildError, target: _build.Target, unit: _build.Unit, what: str) -> str:
+def _failed(e: BuildError, target: Target, unit: Unit, what: str) -> str:
     if _users_error(e.diagnostics, target, unit):
         raise BuildError(f"compiling {unit.display} (split into host and device TUs; KERNELKIT_TORCH_CU=full "
                          "builds it as written)", e.diagnostics, e.log, e.command) from None
@@ -252,7 +263,7 @@ def _failed(e: BuildError, target: _build.Target, unit: _build.Unit, what: str) 
     return f"the {what} part did not compile ({first.message if first else 'no diagnostic'})"
 
 
-def _users_error(diagnostics: List[Diagnostic], target: _build.Target, unit: _build.Unit) -> bool:
+def _users_error(diagnostics: List[Diagnostic], target: Target, unit: Unit) -> bool:
     """Every error cites the user's file, and none can be a declaration the split left behind: a name that
     is not found is the user's only when it is written nowhere else in their file (a typo), and is no torch
     name (which torch's headers, absent from the device TU, would have declared)."""
@@ -275,7 +286,7 @@ def _a_typo(d: Diagnostic, text: str) -> bool:
 
 # ------------------------------------------------------------------------------------------- binding
 def _bind(result: split.Split, device: _Part, host: _Part, table: Optional[Path], out: Path,
-          target: _build.Target) -> None:
+          target: Target) -> None:
     """One object from the parts: the device TU's first (its runtime registration then runs before the host
     TU's static initialisers, as in the file as written), with the host-side symbols nvcc made local that the
     host object asks for given those names, then made local again once joined."""
@@ -284,16 +295,16 @@ def _bind(result: split.Split, device: _Part, host: _Part, table: Optional[Path]
     aliases = instantiate.local_aliases(undefined, defined, set(result.entities))
     objects = [device.obj, host.obj] + ([table] if table else [])
     if not aliases:
-        _build.join_objects(objects, out, target)
+        running.join_objects(objects, out, target)
         return
     named = out.with_name(out.stem + ".device.o")
     symbols = _readelf_symbols(device.obj)
     adds = [f for new, old in aliases.items() for f in ("--add-symbol", _symbol_at(symbols, old, new))]
-    _build.run_tool(["objcopy", *adds, str(device.obj), str(named)], f"joining the objects of {target.name}",
+    running.run_tool(["objcopy", *adds, str(device.obj), str(named)], f"joining the objects of {target.name}",
                     target, "binds")
-    _build.join_objects([named] + objects[1:], out, target)
+    running.join_objects([named] + objects[1:], out, target)
     localized = [f"--localize-symbol={new}" for new in aliases]
-    _build.run_tool(["objcopy", *localized, str(out)], f"joining the objects of {target.name}", target, "binds")
+    running.run_tool(["objcopy", *localized, str(out)], f"joining the objects of {target.name}", target, "binds")
 
 
 def _symbol_at(symbols: List[Dict[str, str]], old: str, new: str) -> str:
@@ -326,7 +337,7 @@ def _sections(obj: Path) -> Dict[int, str]:
 
 
 # ------------------------------------------------------------------------------------------- the proof
-def _frame_key(unit: _build.Unit, result: split.Split) -> str:
+def _frame_key(unit: Unit, result: split.Split) -> str:
     """What a proof covers besides the names device code uses: the device TU with its device code left out,
     the flags and the toolchain (an edit inside device code keeps it)."""
     return keys.build_variant_key(keys.unit_key(unit.kind, unit.flags, unit.local_dirs,
@@ -353,7 +364,7 @@ def _covered(record: dict, result: split.Split, torch_names: Optional[List[str]]
     return not (set(result.names) - set(proven)) & set(torch_names)
 
 
-def _torch_names_key(unit: _build.Unit, result: split.Split) -> str:
+def _torch_names_key(unit: Unit, result: split.Split) -> str:
     """What the names torch's headers declare and define depend on: the toolchain, the flags, which headers."""
     return keys.build_variant_key(keys.unit_key(unit.kind, unit.flags, unit.local_dirs,
                                                 "\n".join(result.torch_includes), toolchain.fingerprint(),
@@ -382,11 +393,11 @@ class Proof:
     """The file's PTX as written (what torch's build compiles for its device side), compiled in the background
     from the moment it is asked for, so that it runs beside the split's own compiles."""
 
-    def __init__(self, unit: _build.Unit, target: _build.Target, nice: bool, names_key: str = "",
+    def __init__(self, unit: Unit, target: Target, nice: bool, names_key: str = "",
                  result: Optional[split.Split] = None):
         self.unit, self.target, self.nice = unit, target, nice
         self.names_key, self.result = names_key, result
-        self.children = _build.Children()
+        self.children = running.Children()
         self.ptx: Dict[str, str] = {}
         self.error: Optional[BaseException] = None
         self.thread = threading.Thread(target=self._run, name=f"kernelkit-proof-{unit.path.name}", daemon=True)
@@ -395,7 +406,7 @@ class Proof:
     def _run(self) -> None:
         try:
             keep = self.names_key and not cache.read_record("torch-names", self.names_key)
-            with _build.private_dir("proof-keep-") as kept:
+            with running.private_dir("proof-keep-") as kept:
                 self.ptx = _ptx(self.unit.path, self.unit.flags, self.unit.display, self.target, self.nice,
                                 self.children, keep=kept if keep else None)
                 if keep:
@@ -425,11 +436,11 @@ class Proof:
                                           macros, prelude_macros)
         cache.write_record("torch-names", self.names_key, {"names": sorted(names)})
 
-    def difference(self, device_unit: _build.Unit, device_text: str) -> Optional[str]:
+    def difference(self, device_unit: Unit, device_text: str) -> Optional[str]:
         """None when the device TU's PTX is the file's as written for every arch; else why not. A file whose
         device side does not compile as written fails here with nvcc's errors, as torch's build would. The device
         TU is compiled from a copy of ``device_text`` (its includes do not depend on where it is)."""
-        with _build.private_dir("proof-device-") as tmp:
+        with running.private_dir("proof-device-") as tmp:
             copy = tmp / device_unit.path.name
             copy.write_text(device_text, errors="surrogateescape")
             split_ptx = _ptx(copy, device_unit.flags, device_unit.display, self.target, self.nice, self.children)
@@ -446,8 +457,8 @@ class Proof:
         self.children.kill_all()
 
 
-def _ptx(path: Path, flags: List[str], display: str, target: _build.Target, nice: bool,
-         children: _build.Children, keep: Optional[Path] = None) -> Dict[str, str]:
+def _ptx(path: Path, flags: List[str], display: str, target: Target, nice: bool,
+         children: running.Children, keep: Optional[Path] = None) -> Dict[str, str]:
     """arch -> the PTX nvcc makes of ``path`` with ``flags``, for each arch they build for (``keep``: where the
     first arch's intermediate files are kept)."""
     rest, archs = _arch_flags(flags)
@@ -455,11 +466,11 @@ def _ptx(path: Path, flags: List[str], display: str, target: _build.Target, nice
         raise KernelkitError(f"{display}: no arch in its flags to compile its device code for")
     low = ["nice", "-n", "19"] if nice and shutil.which("nice") else []
     out = {}
-    with _build.private_dir("proof-") as tmp:
+    with running.private_dir("proof-") as tmp:
         for arch in archs:
             ptx = tmp / f"{arch}.ptx"
             kept = ["--keep", "--keep-dir", str(keep)] if keep is not None and arch == archs[0] else []
-            _build.run_tool(low + toolchain.launcher() + [toolchain.nvcc(), *rest, f"-arch={arch}", "-ptx", *kept,
+            running.run_tool(low + toolchain.launcher() + [toolchain.nvcc(), *rest, f"-arch={arch}", "-ptx", *kept,
                                                           str(path), "-o", str(ptx)],
                             f"compiling {display}", target, "proofs", children)
             out[arch] = ptx.read_text(errors="replace")
@@ -471,7 +482,7 @@ _PENDING: Dict[str, tuple] = {}  # file -> the newest edit waiting for that proo
 _AUDIT_LOCK = threading.Lock()
 
 
-def _audit_later(unit: _build.Unit, target: _build.Target, device: Tuple[_build.Unit, str], frame: str,
+def _audit_later(unit: Unit, target: Target, device: Tuple[Unit, str], frame: str,
                  before) -> None:
     """Prove an edit that used an earlier proof, in the background at the lowest priority: a mismatch makes the
     file build as written from its next load on, and says so now. One proof per file at a time: edits made
@@ -487,13 +498,13 @@ def _audit_later(unit: _build.Unit, target: _build.Target, device: Tuple[_build.
     thread.start()
 
 
-def _audit(unit: _build.Unit, target: _build.Target, device: Tuple[_build.Unit, str], frame: str, before) -> None:
+def _audit(unit: Unit, target: Target, device: Tuple[Unit, str], frame: str, before) -> None:
     try:
         why = Proof(unit, target, nice=True).difference(*device)
     except Exception as e:  # noqa: BLE001 - an audit that cannot run proves nothing and changes nothing
         say(f"{unit.display}: the background proof of the split could not run ({e})")
         why = None
-    if _build.snapshot(unit) != before:
+    if inputs.snapshot(unit) != before:
         why = None  # edited since: the file as written is no longer what the split was made of
     if why is not None:
         _store_frame(frame, {"refused": why})

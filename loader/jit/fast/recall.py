@@ -25,13 +25,11 @@ import time
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Set
 
-from .. import replace_file, settings
-from ..errors import CacheSecurityError
-from . import build as _build
-from . import cache, keys, sources, syntax, toolchain
-from .sources import sha256_bytes
+from ... import replace_file, settings
+from ...errors import CacheSecurityError
+from .. import cache, keys, sources, toolchain
+from ..units import Target, Unit, defined_namespaces
 
-SCHEMA = "kernelkit-recall-1"
 RACY_SECONDS = 2.0  # a filesystem that keeps whole seconds (FAT keeps even ones)
 FINE_RACY_SECONDS = 0.1  # one with finer timestamps, which come from the kernel's coarse clock (a tick of 1-10 ms)
 _ENV = ("CPATH", "CPLUS_INCLUDE_PATH")
@@ -40,7 +38,7 @@ _RECORDED: Dict[str, str] = {}
 
 
 @dataclasses.dataclass
-class Recalled(_build.Target):
+class Recalled(Target):
     """A target read back from a record: enough to find, check and open its cached library, not to build it."""
 
     call: str = ""
@@ -56,10 +54,10 @@ def call_key(name: str, paths: Sequence[Path], flags_by_kind: Dict[str, List[str
     # value plans in full, while one that changes nothing built (KERNELKIT_VERBOSE) keeps the record
     environment = [f"{k}={os.environ[k]}" for k in _ENV if k in os.environ]
     environment += [f"{k}={v!r}" for k, v in settings.build_environment()]
-    parts = [SCHEMA, name, *compilers, os.getcwd(), *environment,
+    parts = [name, *compilers, os.getcwd(), *environment,
              json.dumps(flags_by_kind, sort_keys=True), "\0".join(ldflags), str(pymodule), str(standalone),
              *map(str, paths)]
-    return sha256_bytes(*[p.encode() for p in parts])
+    return keys.plan_key(parts)
 
 
 def _identity(path) -> Optional[List[int]]:
@@ -79,7 +77,7 @@ def _racy(ident: List[int], since: float) -> bool:
 
 
 def _record_path(call: str) -> Path:
-    return cache.subdir("plans") / f"{call[:32]}.json"
+    return cache.record_path("plans", call[:32])
 
 
 def recall(call: str) -> Optional[Recalled]:
@@ -94,7 +92,7 @@ def recall(call: str) -> Optional[Recalled]:
             return None
         t = record["target"]
         # no deps: a recalled target is opened, never built, and the watch above covered what they were
-        units = [_build.Unit(u["kind"], Path(u["path"]), u["display"], [], u["key"], []) for u in t["units"]]
+        units = [Unit(u["kind"], Path(u["path"]), u["display"], [], u["key"], []) for u in t["units"]]
         return Recalled(t["name"], units, [], t["key"], t["with_cuda"], t["pymodule"], {}, {},
                         standalone=t["standalone"], call=call, namespaces=list(t["namespaces"]),
                         library=record.get("library"))
@@ -141,7 +139,7 @@ def _stamp(call: str, so: Path, entry_before: Optional[List[int]]) -> None:
         _write(path, record)
 
 
-def remember(call: str, target: _build.Target, started: float) -> None:
+def remember(call: str, target: Target, started: float) -> None:
     """Record ``target`` for ``call`` unless something it read changed since ``started`` (or just before it),
     or reads differently now than the plan read it. Never fails the load."""
     try:
@@ -158,18 +156,18 @@ def remember(call: str, target: _build.Target, started: float) -> None:
     record = {"call": call, "watch": before,
               "target": {"name": target.name, "key": target.key, "with_cuda": target.with_cuda,
                          "pymodule": target.pymodule, "standalone": target.standalone, "units": units,
-                         "namespaces": defined_namespaces(target)}}
+                         "namespaces": namespaces(target)}}
     _write(_record_path(call), record)
     _RECORDED[target.key] = call
 
 
-def entry_before_hash(target: _build.Target) -> Optional[List[int]]:
+def entry_before_hash(target: Target) -> Optional[List[int]]:
     """The identity of the library entry of a target this process planned and recorded, taken before the load
     hashes its library (None for any other target: there is no record to stamp)."""
     return _identity(cache.library_dir(target.name, target.key)) if target.key in _RECORDED else None
 
 
-def stamp_verified(target: _build.Target, so: Path, entry_before: Optional[List[int]]) -> None:
+def stamp_verified(target: Target, so: Path, entry_before: Optional[List[int]]) -> None:
     """After a full plan's load found its library's sha256 matching: keep the library's identity in the plan's
     record, as a recalled plan's load does, so the next process need not hash it again."""
     call = _RECORDED.get(target.key)
@@ -182,27 +180,19 @@ def _write(path: Path, record: dict) -> None:
         replace_file.write(path, json.dumps(record))
 
 
-def defined_namespaces(target: _build.Target) -> List[str]:
-    """The namespaces the TORCH_LIBRARY blocks in the target's sources and local headers define."""
-    if isinstance(target, Recalled):
-        return target.namespaces
-    files = {u.path for u in target.units} | {d for u in target.units for d in u.deps}
-    defined = set()
-    for f in files:
-        for block in syntax.macro_blocks(cache.source_bytes(f).decode(errors="replace"), ["TORCH_LIBRARY"]):
-            ns = block.args[0] if block.args else ""
-            defined.add(target.name if ns == "TORCH_EXTENSION_NAME" else ns)
-    return sorted(defined)
+def namespaces(target: Target) -> List[str]:
+    """The namespaces the target's TORCH_LIBRARY blocks define: a recalled plan carries them (no file is read)."""
+    return target.namespaces if isinstance(target, Recalled) else defined_namespaces(target)
 
 
-def _reads_as_planned(target: _build.Target) -> bool:
+def _reads_as_planned(target: Target) -> bool:
     """Each unit's text and headers hash as they did when the plan keyed them."""
     return all(sources.digest_tree(cache.source_bytes(u.path).decode(errors="replace").encode(), u.deps, u.roots)
                == u.digest
                for u in target.units)
 
 
-def _watched(target: _build.Target) -> Set[Path]:
+def _watched(target: Target) -> Set[Path]:
     """Every file the plan read and every directory where a lookup could find another file."""
     outside = keys.toolchain_dirs()
     out: Set[Path] = set()
@@ -217,7 +207,7 @@ def _watched(target: _build.Target) -> Set[Path]:
     out.update(sources.link_inputs(target.ldflags, outside))
     out.update(_library_dirs(target.ldflags))
     # a generated source's dir holds that file alone, and a build marks the dir as used for gc (its mtime)
-    generated = Path(os.path.realpath(cache.cache_dir() / "src"))  # as the watched paths are: resolved
+    generated = Path(os.path.realpath(cache.subdir("src")))  # as the watched paths are: resolved
     return {p for p in out if not sources.under(p, outside) and p.parent != generated}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, Iterator, List, Tuple
 
-from .. import syntax
+from ... import syntax
 
 #: tokens a qualifier macro may expand to: whatever else a macro holds, the split does not guess at it
 QUALIFIER_TOKENS = frozenset({"__host__", "__device__", "__global__", "__forceinline__", "__noinline__",

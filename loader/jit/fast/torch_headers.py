@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Set
 
-from . import sources, syntax, toolchain
+from .. import sources, syntax, toolchain
 
 #: where torch's heavy API starts: a header reaching one of these is heavy
 HEAVY = ("ATen/core/TensorBody.h", "ATen/Context.h", "torch/csrc/", "pybind11/", "Python.h", "c10/core/TensorImpl.h")

@@ -19,10 +19,11 @@ import concurrent.futures
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from ..errors import BuildError
-from . import build as _build
-from . import cache, keys, toolchain
-from .sources import digest_tree
+from ...errors import BuildError
+from .. import cache, keys, running, toolchain, units
+from ..sources import digest_tree
+from ..units import Target, Unit
+from . import pch as _pch
 from .split import tree as ts
 from .split.host import HostTU
 
@@ -35,36 +36,36 @@ _DEBUG_FLAGS = ("-g", "-ggdb", "-g1", "-g2", "-g3", "-gdwarf")
 
 
 
-def compile_host(unit: _build.Unit, host: HostTU, target: _build.Target) -> Tuple[Path, Optional[Path]]:
+def compile_host(unit: Unit, host: HostTU, target: Target, core) -> Tuple[Path, Optional[Path]]:
     """The host TU's object and, where its line numbers live in a table, the table's object (None: none)."""
     if any(f.startswith(_DEBUG_FLAGS) for f in unit.flags):
-        return _build.compile_cached(unit, target), None
+        return core.compile_cached(unit, target), None
     key = lines_key(unit, host)
     hit = cache.cached_object(key)
     if hit is None:
         with cache.locked(key, unit.display):
-            hit = cache.cached_object(key, held=True) or _compile(unit, host, target, key)
+            hit = cache.cached_object(key, held=True) or _compile(unit, host, target, key, core)
     info = cache.object_info(key)
     lines = host.line_numbers()
     if info.get("lines") == "table":
         sites = [int(s) for s in info.get("sites", [])]
-        return hit, (_table(unit, key, sites, lines, target) if sites else None)
+        return hit, (_table(unit, key, sites, lines, target, core) if sites else None)
     if info.get("marks") == lines:
         return hit, None
-    return _build.compile_cached(unit, target), None  # baked for other lines: this text's own object
+    return core.compile_cached(unit, target), None  # baked for other lines: this text's own object
 
 
-def lines_key(unit: _build.Unit, host: HostTU) -> str:
+def lines_key(unit: Unit, host: HostTU) -> str:
     text = host.without_line_numbers()
     digest = digest_tree(text.encode("utf-8", "surrogateescape"), unit.deps, unit.roots)
     return keys.build_variant_key(keys.unit_key(unit.kind, unit.flags, unit.local_dirs, digest,
                                                 toolchain.fingerprint(), ""), VARIANT)
 
 
-def _compile(unit: _build.Unit, host: HostTU, target: _build.Target, key: str) -> Path:
+def _compile(unit: Unit, host: HostTU, target: Target, key: str, core) -> Path:
     lines = host.line_numbers()
-    with _build.private_dir("host-lines-") as tmp, concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pch = _build.pch_flags(unit, target)
+    with running.private_dir("host-lines-") as tmp, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pch = _pch.flags(unit, target)
         moved = cache.write_source(host.each_line_marked(STEP), unit.path.name)
         second = pool.submit(_preprocess, unit, moved, pch, tmp / "b.ii", target)  # the two side by side
         first = _preprocess(unit, unit.path, pch, tmp / "a.ii", target)
@@ -75,20 +76,20 @@ def _compile(unit: _build.Unit, host: HostTU, target: _build.Target, key: str) -
             tabled = tmp / "tabled.ii"
             tabled.write_text(_tabled(first, sites, name), errors="surrogateescape")
             try:
-                _build.run_tool(toolchain.launcher() + [toolchain.cxx(), *unit.flags, *pch, "-c", str(tabled),
+                running.run_tool(toolchain.launcher() + [toolchain.cxx(), *unit.flags, *pch, "-c", str(tabled),
                                                         "-o", str(out)], f"compiling {unit.display}", target,
                                 "compiles")
                 return cache.store_object(key, out, {"display": unit.display, "kind": "cpp", "lines": "table",
                                                      "sites": [s[0] for s in sites]})
             except BuildError:
                 pass  # a number the compiler needs as a constant: compiled as written below, which says why
-        _build.compile_as_written(unit, target, out, tmp / "h.d")
+        core.compile_as_written(unit, target, out, tmp / "h.d")
         return cache.store_object(key, out, {"display": unit.display, "kind": "cpp", "lines": "baked",
                                              "marks": lines})
 
 
-def _preprocess(unit: _build.Unit, path: Path, pch: List[str], out: Path, target: _build.Target) -> str:
-    _build.run_tool(toolchain.launcher() + [toolchain.cxx(), *unit.flags, *pch, "-E", "-fpch-preprocess",
+def _preprocess(unit: Unit, path: Path, pch: List[str], out: Path, target: Target) -> str:
+    running.run_tool(toolchain.launcher() + [toolchain.cxx(), *unit.flags, *pch, "-E", "-fpch-preprocess",
                                             str(path), "-o", str(out)], f"compiling {unit.display}", target,
                     "compiles")
     return out.read_text(errors="surrogateescape")
@@ -175,11 +176,11 @@ def _tabled(first: str, sites: Sequence[Tuple[int, int, int]], name: str) -> str
     return "\n".join(lines[:at] + [decl] + lines[at:])
 
 
-def _table(unit: _build.Unit, key: str, sites: Sequence[int], lines: Sequence[int], target: _build.Target) -> Path:
+def _table(unit: Unit, key: str, sites: Sequence[int], lines: Sequence[int], target: Target, core) -> Path:
     """The object holding each site's line for these lines (cached by its text: a revert finds it)."""
     values = ", ".join(str(lines[i]) for i in sites)
     text = f'extern "C" __attribute__((visibility("hidden"))) const int kk_lines_{key[:16]}[] = {{{values}}};\n'
     path = cache.write_source(text, "lines.cpp")
-    table = _build.plan_unit("cpp", path, text, [], ["-fPIC"], [], f"{unit.display} (line table)", optimize=None,
+    table = units.plan_unit("cpp", path, text, [], ["-fPIC"], [], f"{unit.display} (line table)", optimize=None,
                              torch_style=True)
-    return _build.compile_cached(table, target)
+    return core.compile_cached(table, target)
