@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -373,3 +374,63 @@ def test_a_split_that_would_change_device_code_is_caught_and_built_as_written(tm
     src.write_text(HEAVY_MACRO.replace("2.0f", "4.0f"))
     info, _, said = _build("kk_tcu_heavy", src, capsys)
     assert "found earlier for this file" in said and "split (" not in said, said
+
+
+# ------------------------------------------------------------------------- a host TU that g++ cannot judge
+NVCUDA_DIRECTIVE = r"""
+#include <torch/extension.h>
+#include <mma.h>
+
+using namespace nvcuda;  // mma.h declares nvcuda only under nvcc: g++ says "not a namespace-name"
+
+__global__ void fill_kernel(float* y, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = 2.0f;
+}
+
+torch::Tensor fill(torch::Tensor y) {
+  fill_kernel<<<(y.numel() + 255) / 256, 256>>>(y.data_ptr<float>(), (int)y.numel());
+  return y;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("fill", &fill); }
+"""
+
+
+def _diagnostic(path, line, message):
+    from kernelkit.diagnostics import Diagnostic
+    return Diagnostic(str(path), line, 1, "error", message)
+
+
+def test_a_host_tu_error_on_a_line_device_code_shares_is_not_the_users(tmp_path):
+    """g++ compiles the host TU without nvcc's view of CUDA's headers, so an error on a line the device TU keeps
+    too (a using-directive, a typedef) is the split's to answer by building as written; an error inside host code
+    proper stays the user's."""
+    from kernelkit.jit.fast import split
+    from kernelkit.jit.units import Target
+    src = tmp_path / "nvcuda.cu"
+    src.write_text(NVCUDA_DIRECTIVE)
+    result = split.split_source(NVCUDA_DIRECTIVE, str(src))
+    assert isinstance(result, split.Split), result
+    lines = NVCUDA_DIRECTIVE.splitlines()
+    directive = next(i for i, ln in enumerate(lines, 1) if ln.startswith("using namespace"))
+    host_only = next(i for i, ln in enumerate(lines, 1) if "return y;" in ln)
+    assert ("nvcuda.cu", directive) in result.device_kept and ("nvcuda.cu", host_only) not in result.device_kept
+    unit = types.SimpleNamespace(display=str(src), path=src)
+    target = Target("t", [], [], "", True, None, {}, {})
+    judged = result.device_kept
+    assert not torch_cu._users_error([_diagnostic(src, directive, "'nvcuda' is not a namespace-name")],
+                                     target, unit, judged)
+    assert torch_cu._users_error([_diagnostic(src, host_only, "expected ';' before '}' token")], target, unit, judged)
+
+
+def test_a_host_tu_that_only_nvcc_can_compile_builds_as_written_and_is_remembered(tmp_path, capsys):
+    src = tmp_path / "nvcuda.cu"
+    src.write_text(NVCUDA_DIRECTIVE)
+    _, _, said = _build("kk_tcu_nvcuda", src, capsys)
+    assert "full nvcc build (the host part did not compile" in said and "namespace-name" in said, said
+    src.write_text(NVCUDA_DIRECTIVE.replace("2.0f", "3.0f"))  # a kernel edit keeps the host TU's key
+    before = running.STATS["compiles"]
+    _, _, said = _build("kk_tcu_nvcuda", src, capsys)
+    assert "found earlier for this host code" in said, said
+    assert running.STATS["compiles"] - before == 1, said  # the file as written, no host TU tried first

@@ -23,7 +23,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, FrozenSet, List, NamedTuple, Optional, Tuple
 
 from ... import settings
 from ...diagnostics import Diagnostic
@@ -69,16 +69,19 @@ def compile_split(unit: Unit, target: Target, out: Path, depfile: Path, core) ->
     if unit.strategy != NAME:
         return None
     chosen = strategy()
-    reason = _split_into(unit, target, out, core) if chosen != "full" else \
-        ("KERNELKIT_TORCH_CU=full" if settings.TORCH_CU.get() == "full" else "KERNELKIT_FAST=0")
-    if reason is None:
+    fallback = _split_into(unit, target, out, core) if chosen != "full" else \
+        _Fallback("KERNELKIT_TORCH_CU=full" if settings.TORCH_CU.get() == "full" else "KERNELKIT_FAST=0")
+    if fallback is None:
         return {"split": True}
+    reason = fallback.reason
     if chosen == "split":
         raise KernelkitError(f"{unit.display}: KERNELKIT_TORCH_CU=split, but the file cannot be split: {reason}. "
                              "Unset it (auto) to build such a file as written.")
     t0 = time.perf_counter()
     made = core.compile_as_written(unit, target, out, depfile)
     seconds = time.perf_counter() - t0
+    if fallback.host_key:  # the file as written compiled: that host TU's failure was the split's, every time
+        _remember_host_failure(fallback, reason)
     if made.get("device_only"):
         say(f"{unit.display}: device code only ({reason}; the host side of an earlier build reused) {seconds:.1f} s")
         return made
@@ -89,35 +92,48 @@ def compile_split(unit: Unit, target: Target, out: Path, depfile: Path, core) ->
 
 
 # ------------------------------------------------------------------------------------------- the split
-def _split_into(unit: Unit, target: Target, out: Path, core) -> Optional[str]:
+class _Fallback(NamedTuple):
+    """Why a file is built as written; where its host TU failed to compile, that TU's key in the frame's record
+    (``frame``), to remember once the file as written compiles (the failure was then the split's)."""
+    reason: str
+    part: str = ""  # "host" or "device": the part that did not compile
+    frame: str = ""
+    host_key: str = ""
+
+
+def _split_into(unit: Unit, target: Target, out: Path, core) -> Optional[_Fallback]:
     """None when ``out`` holds the split build; else why the file is to be built as written."""
     before = inputs.snapshot(unit)
     text, cited, first = user_text(unit)
     result = split.split_source(text, cited, split.local_headers(_include_dirs(unit.flags)), torch_headers.heavy,
                                 first_line=first)
     if isinstance(result, split.Unsplittable):
-        return result.reason + (f" at line {result.line}" if result.line else "")
+        return _Fallback(result.reason + (f" at line {result.line}" if result.line else ""))
     frame = _frame_key(unit, result)
     record = _frame_record(frame)
     if record.get("refused"):
-        return f"{record['refused']} (found earlier for this file)"
+        return _Fallback(f"{record['refused']} (found earlier for this file)")
     host_flags = split.host_flags(unit.flags)
     if host_flags is None:
-        return "a flag in extra_cuda_cflags has no known meaning for the host compiler"
+        return _Fallback("a flag in extra_cuda_cflags has no known meaning for the host compiler")
     if "," in str(unit.path.parent):
-        return "a comma in the name of the file's folder (nvcc splits -Xcompiler values at commas)"
+        return _Fallback("a comma in the name of the file's folder (nvcc splits -Xcompiler values at commas)")
+    host_unit = _host_unit(result, unit, host_flags)
+    host_key = host_lines.lines_key(host_unit, result.host)[:32]
+    if host_key in record.get("host_failed", {}):
+        return _Fallback(f"{record['host_failed'][host_key]} (found earlier for this host code)")
     names_key = _torch_names_key(unit, result)
     covered = _covered(record, result, cache.read_record("torch-names", names_key).get("names"))
     proof = None if covered else Proof(unit, target, nice=False, names_key=names_key, result=result)
     pool = concurrent.futures.ThreadPoolExecutor(1)
     try:
-        parts = _compiled_parts(result, unit, host_flags, target, pool, core)
-        if isinstance(parts, str):
-            return parts
+        parts = _compiled_parts(result, unit, host_unit, target, pool, core)
+        if isinstance(parts, _Fallback):
+            return parts._replace(frame=frame, host_key=host_key) if parts.part == "host" else parts
         device_unit, device, host, table = parts
         why = _proven(proof, unit, device_unit, frame, record, result, before) if proof is not None else None
         if why is not None:
-            return why
+            return _Fallback(why)
     finally:
         pool.shutdown(wait=False)  # a device TU's error is said at once; the host TU's object is cached for later
         if proof is not None:
@@ -137,7 +153,7 @@ def _proven(proof: "Proof", unit: Unit, device_unit: Unit, frame: str, record: d
     saw); else why not, which the record keeps unless the file changed under the proof."""
     why = proof.difference(device_unit, device_unit.path.read_text(errors="surrogateescape"))
     if why is None:
-        _store_frame(frame, {"proven": sorted(set(record.get("proven", [])) | set(result.names))})
+        _store_frame(frame, {**record, "proven": sorted(set(record.get("proven", [])) | set(result.names))})
     elif inputs.snapshot(unit) == before:
         _store_frame(frame, {**record, "refused": why})
     return why
@@ -174,16 +190,15 @@ class _Part:
         self.obj, self.note = obj, note
 
 
-def _compiled_parts(result: split.Split, unit: Unit, host_flags: List[str], target: Target, pool, core):
+def _compiled_parts(result: split.Split, unit: Unit, host_unit: Unit, target: Target, pool, core):
     """(device unit, device part, host part, line table) or why the file is to be built as written. Host and
     device TUs compile side by side, but a templated file's device TU instantiates what the host object calls.
     A device TU that lacks a declaration is tried once more with every light header in its prelude."""
-    host_unit = _host_unit(result, unit, host_flags)
     host = pool.submit(_host_part, host_unit, result, target, unit, core)
     undefined: List = []
     if result.templated:
         host_obj, table = host.result()
-        if isinstance(host_obj, str):
+        if isinstance(host_obj, _Fallback):
             return host_obj
         undefined = instantiate.symbols(host_obj.obj, undefined=True)
     device_unit = device = None
@@ -191,17 +206,17 @@ def _compiled_parts(result: split.Split, unit: Unit, host_flags: List[str], targ
         try:
             text = split.device_text(result, undefined, whole_prelude=whole)
         except split.InstantiationError as e:
-            return str(e)
+            return _Fallback(str(e))
         if whole and text == device_unit.path.read_text(errors="surrogateescape"):
             break  # the prelude was whole already
         device_unit = _sub_unit("cu", text, f"{unit.path.stem}.device.cu", unit, unit.flags)
         device = _compiled(device_unit, target, unit, "device", core)
-        if not isinstance(device, str):
+        if not isinstance(device, _Fallback):
             break
     host_obj, table = host.result()
-    if isinstance(device, str):
+    if isinstance(device, _Fallback):
         return device
-    if isinstance(host_obj, str):
+    if isinstance(host_obj, _Fallback):
         return host_obj
     return device_unit, device, host_obj, table
 
@@ -223,7 +238,7 @@ def _host_part(host_unit: Unit, result: split.Split, target: Target, unit: Unit,
     try:
         obj, table = host_lines.compile_host(host_unit, result.host, target, core)
     except BuildError as e:
-        return _failed(e, target, unit, "host"), None
+        return _failed(e, target, unit, "host", result.device_kept), None
     note = "cached" if cached else f"{time.perf_counter() - t0:.1f} s"
     return _Part(obj, note), table
 
@@ -255,21 +270,25 @@ def _compiled(part: Unit, target: Target, unit: Unit, what: str, core):
     return _Part(obj, "cached" if cached else f"{time.perf_counter() - t0:.1f} s")
 
 
-def _failed(e: BuildError, target: Target, unit: Unit, what: str) -> str:
-    if _users_error(e.diagnostics, target, unit):
+def _failed(e: BuildError, target: Target, unit: Unit, what: str,
+            nvcc_judges: FrozenSet[Tuple[str, int]] = frozenset()) -> _Fallback:
+    if _users_error(e.diagnostics, target, unit, nvcc_judges):
         raise BuildError(f"compiling {unit.display} (split into host and device TUs; KERNELKIT_TORCH_CU=full "
                          "builds it as written)", e.diagnostics, e.log, e.command) from None
     first = next((d for d in e.diagnostics if d.severity in ("error", "fatal error")), None)
-    return f"the {what} part did not compile ({first.message if first else 'no diagnostic'})"
+    return _Fallback(f"the {what} part did not compile ({first.message if first else 'no diagnostic'})", what)
 
 
-def _users_error(diagnostics: List[Diagnostic], target: Target, unit: Unit) -> bool:
-    """Every error cites the user's file, and none can be a declaration the split left behind: a name that
-    is not found is the user's only when it is written nowhere else in their file (a typo), and is no torch
-    name (which torch's headers, absent from the device TU, would have declared)."""
+def _users_error(diagnostics: List[Diagnostic], target: Target, unit: Unit,
+                 nvcc_judges: FrozenSet[Tuple[str, int]] = frozenset()) -> bool:
+    """Every error cites the user's file, on no line whose meaning depends on the compiler (``nvcc_judges``:
+    lines the host TU's g++, which lacks nvcc's ``__CUDACC__`` view of CUDA's headers, shares with device code),
+    and none can be a declaration the split left behind: a name that is not found is the user's only when it is
+    written nowhere else in their file (a typo), and is no torch name (which torch's headers, absent from the
+    device TU, would have declared)."""
     errors = [d for d in diagnostics if d.severity in ("error", "fatal error")]
     mine = {unit.display, target.display.get(str(unit.path), str(unit.path)), str(unit.path)}
-    if not errors or any(d.file not in mine for d in errors):
+    if not errors or any(d.file not in mine or (Path(d.file).name, d.line) in nvcc_judges for d in errors):
         return False
     text = unit.path.read_text(errors="replace")
     return all(not _MISSING.search(d.message) or _a_typo(d, text) for d in errors)
@@ -348,6 +367,14 @@ def _frame_key(unit: Unit, result: split.Split) -> str:
 
 def _frame_record(frame: str) -> dict:
     return cache.read_record("frames", frame)
+
+
+def _remember_host_failure(fallback: _Fallback, reason: str) -> None:
+    """The frame's record keeps why this host TU (by its key, which a kernel edit keeps) cannot be compiled, so
+    the next edit builds as written at once instead of failing the host TU again first."""
+    record = _frame_record(fallback.frame)
+    _store_frame(fallback.frame, {**record, "host_failed": {**record.get("host_failed", {}),
+                                                            fallback.host_key: reason}})
 
 
 def _store_frame(frame: str, record: dict) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Dict, FrozenSet, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import tree as ts
-from .device import PRELUDE_BY_NAME, PRELUDE_MARK, device_lines, device_names, frame_text, prelude_text
+from .device import PRELUDE_BY_NAME, PRELUDE_FILE, PRELUDE_MARK, device_lines, device_names, frame_text, prelude_text
 from .errors import Refuse
 from .flags import host_flags
 from .host import HostTU, host_text
@@ -55,6 +55,9 @@ class Split:
     torch_includes: Tuple[str, ...] = ()  # the file's includes of torch's headers, as written, in order
     #: the device TU with every light header in its prelude: what is compiled when ``device`` lacks a declaration
     device_whole: str = ""
+    #: (file name, line) of each line of code the device TU keeps: the host TU's g++ (no ``__CUDACC__``) is no
+    #: judge of those, nvcc is
+    device_kept: FrozenSet[Tuple[str, int]] = frozenset()
 
     @property
     def templated(self) -> bool:
@@ -81,7 +84,8 @@ def split_source(text: str, path: str, local_header: LocalHeader = sibling_heade
         if not model.kernels:
             return Unsplittable("no kernel defined in the file", 0)
         host = host_text(model, flat)
-        device = marked(device_lines(model, flat, heavy_include))
+        lines = device_lines(model, flat, heavy_include)
+        device = marked(lines)
         device_whole = marked(device_lines(model, flat, heavy_include, whole_prelude=True))
         frame = frame_text(model, flat, heavy_include)
         _verify(host.text)
@@ -94,7 +98,9 @@ def split_source(text: str, path: str, local_header: LocalHeader = sibling_heade
     return Split(host, device, tuple(sorted({qualified(i) for v in model.kernels.values() for i in v})), templates,
                  entities, tuple(flat.headers), frame, frozenset(device_names(model)),
                  tuple(model.text(it.node.child_by_field_name("path")) for it in model.items
-                       if it.kind == "torch_include"), device_whole)
+                       if it.kind == "torch_include"), device_whole,
+                 frozenset((Path(where).name, line) for text, (where, line) in lines
+                           if text.strip() and where != PRELUDE_FILE))
 
 
 def qualified(it: Item, name: str = "") -> str:
