@@ -206,6 +206,9 @@ CAPTURE = Choice("KERNELKIT_CAPTURE", "on", "%%kernelkit cells: C-level and devi
 REPORT = Flag("KERNELKIT_REPORT", True, "%%kernelkit cells: a compact compile report after a cell that built")
 NCU = PathSetting("KERNELKIT_NCU", None, "Nsight Compute's ncu for kernelkit.profile", shown="PATH's, else the "
                   "newest installed")
+COMPILE_COMMANDS = PathSetting("KERNELKIT_COMPILE_COMMANDS", None, "a directory where every build updates "
+                               "compile_commands.json (and .clangd) for editors, as kernelkit ide writes them",
+                               shown="none")
 AOT = Flag("KERNELKIT_AOT", False, "pip install/wheel of this tree builds the cards ahead of time (setup.py)")
 AOT_OPS = Setting("KERNELKIT_AOT_OPS", "", "the cards KERNELKIT_AOT builds, separated by commas or blanks",
                   shown="all")
@@ -219,7 +222,7 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
     CACHE_DIR, KERNELS_PATH, PREBUILT_PATH, ARCH, NVCC, COMPILER_LAUNCHER, LOCK_TIMEOUT, CACHE_MAX_AGE_DAYS,
     CACHE_MAX_SIZE, VERBOSE,
     FAST, PCH, DTYPE_SHARDS, LINK_STAND_INS, DEVICE_REBUILD, TORCH_CU, FASTCALL, PATCH_TORCH, CAPTURE, REPORT, NCU,
-    AOT, AOT_OPS, AOT_KERNELS_DIR, AOT_BUILD_DIR)}
+    COMPILE_COMMANDS, AOT, AOT_OPS, AOT_KERNELS_DIR, AOT_BUILD_DIR)}
 _BUILD_SETTINGS = tuple(s for s in SETTINGS.values() if s.changes_build)
 
 

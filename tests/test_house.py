@@ -19,10 +19,12 @@ LAYERS = [
     ("kernelkit.harness.timing", 0), ("kernelkit.harness.stats", 0), ("kernelkit.harness.guard", 0),
     ("kernelkit.harness.report", 0), ("kernelkit.instant.signature", 0),
     ("kernelkit.jit", 1),  # the JIT core: toolchain, cache, cards, plan, build, obtain, nvrtc, registry, ...
+    ("kernelkit.editors.compile_commands", 1),  # the records the JIT core keeps of each TU's command
     ("kernelkit.instant", 2),  # instant kernels, on the JIT core
     ("kernelkit.loading", 3), ("kernelkit.distributed", 3), ("kernelkit.cpp_extension", 3), ("kernelkit.aot", 3),
     ("kernelkit.patch", 3), ("kernelkit.patch_site", 3),
     ("kernelkit.ops", 4), ("kernelkit.cardkit", 4), ("kernelkit.harness", 4), ("kernelkit.inspect", 4),
+    ("kernelkit.editors", 4),
     ("kernelkit.frontends", 5), ("kernelkit.__main__", 5),
     ("kernelkit", 6),  # the face imports what it exports, lazily
 ]

@@ -23,7 +23,7 @@ OTHER = {
     "KERNELKIT_VERBOSE": "0", "KERNELKIT_FAST": "off", "KERNELKIT_PCH": "on", "KERNELKIT_DTYPE_SHARDS": "4",
     "KERNELKIT_LINK_STAND_INS": "no", "KERNELKIT_DEVICE_REBUILD": "false", "KERNELKIT_TORCH_CU": "full",
     "KERNELKIT_FASTCALL": "off", "KERNELKIT_PATCH_TORCH": "yes", "KERNELKIT_CAPTURE": "launch", "KERNELKIT_REPORT": "0",
-    "KERNELKIT_NCU": "/opt/ncu", "KERNELKIT_AOT": "1", "KERNELKIT_AOT_OPS": "sigmoid",
+    "KERNELKIT_NCU": "/opt/ncu", "KERNELKIT_COMPILE_COMMANDS": "/tmp/kk-ide", "KERNELKIT_AOT": "1", "KERNELKIT_AOT_OPS": "sigmoid",
     "KERNELKIT_AOT_KERNELS_DIR": "/tmp/kk-aot-cards", "KERNELKIT_AOT_BUILD_DIR": "/tmp/kk-aot-build",
 }
 

@@ -20,7 +20,7 @@ from ..harness import report
 from ..jit import cache, store
 from ..jit.cards import declared_sources, search_path
 from ..version import __version__
-from . import doctor, harness_commands, scaffold
+from . import doctor, harness_commands, ide, scaffold
 
 DESCRIPTION = "Build, check and time the CUDA/C++ kernel cards on the search path, and manage the build cache."
 EXAMPLES = """examples:
@@ -31,6 +31,7 @@ EXAMPLES = """examples:
   kernelkit new relu --backward       write a new card (a unary op with autograd) to edit
   kernelkit profile vector_add        its kernels under Nsight Compute: what limits them
   kernelkit doctor                    what is missing on this machine, and how to fix it
+  kernelkit ide                       compile_commands.json and .pyi stubs of the builds, for editors
   kernelkit <command> --help          the options of one command"""
 
 
@@ -301,9 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--plot", metavar="PATH", help="write the roofline plot here (PNG)")
     prof.set_defaults(func=cmd_profile)
 
-    harness_commands.register(sub)  # check, bench, run
-    scaffold.register(sub)  # new
-    doctor.register(sub)
+    for commands in (harness_commands, scaffold, doctor, ide):  # check, bench, run; new; doctor; ide
+        commands.register(sub)
     return p
 
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import List, Optional, Tuple
 
+from ..editors import compile_commands
 from ..errors import BuildError, KernelkitError, SourcesChanged
 from . import cache, fast, inputs, keys, running, sources, toolchain
 from .advice import SLOW_TORCH_UNIT_SECONDS, torch_cost_advice
@@ -121,6 +122,7 @@ def _compile_once(unit: Unit, target: Target) -> Path:
             info = {"display": unit.display, "kind": unit.kind, **made}
             obj = cache.store_object(unit.key, out, info)
             fast.stored(unit, info)
+            compile_commands.remember(unit, unit.command(out, ["-MD", "-MF", str(depfile)]), made)
             return obj
 
 
@@ -146,6 +148,12 @@ def _label(unit: Unit) -> str:
 
 def build(target: Target) -> Tuple[Path, bool, float]:
     """Return (path of the verified .so, whether it came from the cache, seconds spent building)."""
+    built = _build(target)
+    compile_commands.after_build(target)  # KERNELKIT_COMPILE_COMMANDS=DIR: the editors' database, kept current
+    return built
+
+
+def _build(target: Target) -> Tuple[Path, bool, float]:
     so = cache.verified_library(target.name, target.key)
     if so is not None:
         return so, True, 0.0

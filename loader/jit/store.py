@@ -81,6 +81,8 @@ STORES: Tuple[Store, ...] = (
           **_RECORD),
     Store("bandwidth", "records/bandwidth", recipes=("keys.bandwidth_key",), schema=1, **_RECORD),
     Store("reports", "records/reports", recipes=("keys.report_key",), schema=1, **_RECORD),
+    # each compiled TU's command, by its object's key (kernelkit ide: compile_commands.json for editors)
+    Store("commands", "records/commands", recipes=_OBJECT_KEYS, schema=0, **_RECORD),
     Store("tmp", "tmp", ("*",), (), 0, STALE, NOTHING),
     Store("locks", "locks", ("*.lock",), (), 0, IDLE, NOTHING, HELD),  # named by the entry each guards
     Store("stamps", ".", ("last-gc", "last-size-check"), (), 0, NEVER, NOTHING),  # when gc last ran
