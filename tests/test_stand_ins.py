@@ -106,6 +106,19 @@ def test_stand_ins_proven_on_a_thread_after_the_build_removed_its_files(tmp_path
     assert not any(p.name.startswith("proof-") for p in stand_ins._stand_in_dir().iterdir())  # its scratch is gone
 
 
+def test_the_proof_leaves_the_built_library_as_it_was(tmp_path, monkeypatch):
+    """A warm load stamps a hashed library's identity (inode, size, mtime, ctime): a proof ending after the
+    build must not change it, as linking and unlinking a hard link to the library would (its ctime)."""
+    ldflags, user, _ = _fake_torch(tmp_path, monkeypatch)
+    cmd, out, said = _real_link(tmp_path, ldflags, [user], "real.so", stand_ins.trace_flags([user], tmp_path))
+    before = out.stat()
+    stand_ins.make_recipe_later("lib", ldflags, cmd, [user], out, said)
+    stand_ins._finish_proofs()
+    assert stand_ins._RECIPES[("lib", *ldflags)] is not None
+    after = out.stat()
+    assert (after.st_nlink, after.st_ctime_ns) == (before.st_nlink, before.st_ctime_ns)
+
+
 def test_a_symbol_the_proving_objects_defined_is_not_covered_once_they_no_longer_do(tmp_path, monkeypatch):
     """own.o defines fake_fn at the proving link, so its stand-in lacks it; objects that leave fake_fn to
     torch again would link it untyped against the stand-ins, which is not the real link's interface."""

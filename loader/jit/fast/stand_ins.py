@@ -102,12 +102,13 @@ def make_recipe_later(name: str, ldflags: Sequence[str], cmd: List[str], objects
                       trace: str) -> None:
     """``make_recipe`` on a thread of its own, so the build that linked ``out`` returns without waiting for the
     proof (a second link, against the stand-ins); a later link of the same flags waits for it. The thread
-    works on hard links of ``objects`` and ``out``, which the build removes or moves when it returns."""
+    works on hard links of ``objects`` and a copy of ``out``, which the build removes or moves when it returns."""
     key = (name, *ldflags)
     scratch = Path(tempfile.mkdtemp(prefix="proof-", dir=_stand_in_dir()))
     try:
         pinned = [_pin(o, scratch / f"{i}-{o.name}") for i, o in enumerate(objects)]
-        lib = _pin(out, scratch / out.name)
+        # a copy: a hard link's removal would change the library's ctime, which a warm-load record stamps
+        lib = Path(shutil.copy2(out, scratch / out.name))
     except OSError as e:
         shutil.rmtree(scratch, ignore_errors=True)
         log.debug("no link stand-ins for %s: %s", out.name, e)
