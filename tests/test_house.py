@@ -10,24 +10,19 @@ import kernelkit
 
 ROOT = Path(kernelkit.__file__).resolve().parent
 
-#: module (or package prefix) -> layer; a module may import its own layer or lower ones, never a higher one
-LAYERS = [
-    ("kernelkit.version", 0), ("kernelkit.errors", 0), ("kernelkit.diagnostics", 0), ("kernelkit.device_output", 0),
-    ("kernelkit.replace_file", 0), ("kernelkit.settings", 0),
-    ("kernelkit.jit.sources", 0), ("kernelkit.jit.progress", 0), ("kernelkit.jit.reaper", 0),
-    ("kernelkit.jit.syntax", 0), ("kernelkit.harness.spec", 0),
-    ("kernelkit.harness.timing", 0), ("kernelkit.harness.stats", 0), ("kernelkit.harness.guard", 0),
-    ("kernelkit.harness.report", 0), ("kernelkit.instant.signature", 0),
-    ("kernelkit.jit", 1),  # the JIT core: toolchain, cache, cards, plan, build, obtain, nvrtc, registry, ...
-    ("kernelkit.editors.compile_commands", 1),  # the records the JIT core keeps of each TU's command
-    ("kernelkit.instant", 2),  # instant kernels, on the JIT core
-    ("kernelkit.loading", 3), ("kernelkit.distributed", 3), ("kernelkit.cpp_extension", 3), ("kernelkit.aot", 3),
-    ("kernelkit.patch", 3), ("kernelkit.patch_site", 3),
-    ("kernelkit.ops", 4), ("kernelkit.cardkit", 4), ("kernelkit.harness", 4), ("kernelkit.inspect", 4),
-    ("kernelkit.editors", 4),
-    ("kernelkit.frontends", 5), ("kernelkit.__main__", 5),
-    ("kernelkit", 6),  # the face imports what it exports, lazily
-]
+#: folder or top-level module -> layer: every module is at its folder's layer (no module is declared apart from its
+#: folder) and may import its own layer or lower ones, never a higher one
+LAYERS = {
+    "kernelkit.version": 0, "kernelkit.errors": 0, "kernelkit.diagnostics": 0, "kernelkit.device_output": 0,
+    "kernelkit.replace_file": 0, "kernelkit.settings": 0,
+    "kernelkit.jit": 1,  # the JIT core: sources, toolchain, cache, cards, plan, build, obtain, nvrtc, registry, ...
+    "kernelkit.instant": 2,  # instant kernels, on the JIT core
+    "kernelkit.loading": 3, "kernelkit.distributed": 3, "kernelkit.cpp_extension": 3, "kernelkit.aot": 3,
+    "kernelkit.patch": 3, "kernelkit.patch_site": 3,
+    "kernelkit.ops": 4, "kernelkit.cardkit": 4, "kernelkit.harness": 4, "kernelkit.inspect": 4, "kernelkit.editors": 4,
+    "kernelkit.frontends": 5, "kernelkit.__main__": 5,
+    "kernelkit": 6,  # the face imports what it exports, lazily
+}
 
 
 def _modules():
@@ -57,8 +52,13 @@ def _edges(mods):
     return edges
 
 
+def _folder(module: str) -> str:
+    """The row of ``LAYERS`` a module belongs to: its top-level folder or module under kernelkit."""
+    return ".".join(module.split(".")[:2])
+
+
 def _layer(module):
-    return next(layer for prefix, layer in LAYERS if module == prefix or module.startswith(prefix + "."))
+    return LAYERS[_folder(module)]
 
 
 def _cycles(edges):
@@ -94,6 +94,11 @@ def _cycles(edges):
 
 def test_no_import_circles():
     assert _cycles(_edges(_modules())) == []
+
+
+def test_every_folder_has_a_layer_and_only_folders_do():
+    folders = {_folder(m) for m in _modules()}
+    assert sorted(folders - set(LAYERS)) == [] and sorted(set(LAYERS) - folders) == []
 
 
 def test_no_import_runs_back_up():
@@ -292,8 +297,9 @@ def test_every_fast_path_is_in_the_table_with_its_switch_docs_and_test():
 
 
 # ------------------------------------------------------------------------------------------ the cache's store table
-#: the modules that own the cache's layout (kernelkit.jit.store's table) and may join paths onto its root
-CACHE_OWNERS = ("jit/cache.py", "jit/store.py")
+#: the modules that own the cache's layout (kernelkit.jit.store's table and the cache package) and may join paths
+#: onto its root
+CACHE_OWNERS = ("jit/cache/", "jit/store.py")
 
 
 def _calls(node, name: str) -> bool:
@@ -326,7 +332,7 @@ def test_only_the_cache_joins_paths_onto_its_root():
     """Every file under the cache belongs to a row of jit.store's table: other modules reach it through
     cache.subdir (a row's folder) or the record functions (cache.record_path, read_record, write_record)."""
     modules = {p.relative_to(ROOT).as_posix(): p for p in sorted(ROOT.rglob("*.py"))}
-    joins = [f"{rel}:{line}" for rel, p in modules.items() if rel not in CACHE_OWNERS
+    joins = [f"{rel}:{line}" for rel, p in modules.items() if not rel.startswith(CACHE_OWNERS)
              for line in _cache_root_joins(ast.parse(p.read_text()))]
     assert joins == []
 

@@ -14,9 +14,10 @@ import pytest
 
 import kernelkit
 from kernelkit import settings
-from kernelkit.editors import compile_commands, signatures
+from kernelkit.editors import signatures
 from kernelkit.frontends import cli
 from kernelkit.jit import cache
+from kernelkit.jit import commands as compile_commands
 
 BIN = Path(sys.executable).parent
 

@@ -15,9 +15,10 @@ pytest.importorskip("cuda.bindings.nvrtc", reason="instant kernels need cuda-bin
 import kernelkit  # noqa: E402
 from kernelkit.errors import BuildError, KernelkitError  # noqa: E402
 from kernelkit.instant import launcher  # noqa: E402
-from kernelkit.instant.signature import bind, check_expressions, declared, parse_param, scan, signature  # noqa: E402
+from kernelkit.instant.signature import bind, check_expressions, declared, parse_param, signature  # noqa: E402
 from kernelkit.jit import cache as kk_cache  # noqa: E402
 from kernelkit.jit import nvrtc  # noqa: E402
+from kernelkit.jit.outline import scan  # noqa: E402
 
 SRC = textwrap.dedent("""\
     #include "offset.h"

@@ -14,6 +14,7 @@ from loader_cards import run_python, write_affine, write_square
 
 import kernelkit
 from kernelkit.jit import cache
+from kernelkit.jit.cache import files as cache_files
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -99,7 +100,7 @@ def test_unwritable_cache_fails_a_build_clearly_and_poisons_nothing(card_dir, mo
     def denied(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(cache.tempfile, "mkdtemp", denied)  # as in a read-only cache directory
+    monkeypatch.setattr(cache_files.tempfile, "mkdtemp", denied)  # as in a read-only cache directory
     with pytest.raises(kernelkit.CacheUnwritable, match=r"tmp: Permission denied.*KERNELKIT_CACHE_DIR"):
         kernelkit.load("affine", kernels_dir=card_dir)
     torch.testing.assert_close(lib.affine(X), affine_ref(X))  # the loaded build still runs

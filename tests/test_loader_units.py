@@ -16,6 +16,7 @@ from kernelkit.diagnostics import parse_diagnostics
 from kernelkit.errors import BuildError
 from kernelkit.frontends import cli
 from kernelkit.jit import cache, toolchain
+from kernelkit.jit.cache import collect, generated
 from kernelkit.jit.sources import digest_tree, scan_includes
 
 
@@ -258,7 +259,7 @@ def test_gc_sweeps_partial_writes_while_directories_come_and_go(tmp_path, monkey
     try:
         deadline = time.time() + 1.0
         while time.time() < deadline:
-            assert cache._remove_partial_writes(time.time() - 3600) == 0  # all of them young
+            assert collect._remove_partial_writes(time.time() - 3600) == 0  # all of them young
             sweeps += 1
     finally:
         stop.set()
@@ -324,7 +325,7 @@ def test_threads_writing_the_same_generated_source_all_write_it(tmp_path, monkey
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             paths = set(pool.map(lambda _: write(), range(8)))
         assert len(paths) == 1 and paths.pop().read_text() == text
-        assert not [f for f in cache._UNWRITTEN if f.is_relative_to(tmp_path)], cache._UNWRITTEN
+        assert not [f for f in generated._UNWRITTEN if f.is_relative_to(tmp_path)], generated._UNWRITTEN
     assert not [p for p in (tmp_path / "c").rglob("*.tmp")]
 
 

@@ -5,7 +5,8 @@ import dataclasses
 from pathlib import Path
 from typing import List, Sequence
 
-from . import built, compile_commands, stubs
+from ..jit import commands
+from . import built, stubs
 
 
 @dataclasses.dataclass
@@ -25,10 +26,10 @@ def write(names: Sequence[str], out: Path) -> Written:
     ``names`` (default: every name in the cache)."""
     builds = built.recent(names)
     keys = [key for b in builds for _, key in b.units]
-    entries = compile_commands.entries(keys)
+    entries = commands.entries(keys)
     unrecorded = sorted({f"{b.name}: {display}" for b in builds for display, key in b.units
-                         if compile_commands.entry(key) is None})
-    notes = compile_commands.write(out, entries)
+                         if commands.entry(key) is None})
+    notes = commands.write(out, entries)
     written = stubs.write(out / "typings", builds)
-    return Written([b.name for b in builds], out / compile_commands.DATABASE, len(entries), written, unrecorded,
+    return Written([b.name for b in builds], out / commands.DATABASE, len(entries), written, unrecorded,
                    notes)

@@ -195,15 +195,18 @@ def autotune(make: Union[Callable[[Config], Callable[..., Any]], str, Spec],
                             generator=torch.Generator(device=device).manual_seed(0)))
         best = _timed_winner(name, candidates, args, timer, budget_ms, device, prune_margin, phases)
         if store:
-            cache.store_tune_record(key, {"name": name, "device": label, "dtype": str(dtype), "bucket": repr(bucket_of),
-                                          "best": best.config, "median_us": best.timing.median_us,
-                                          "created": time.time()})
+            _store_winner(key, name, label, dtype, bucket_of, best)
         result = TuneResult(name, label, str(dtype), bucket_of, best.config, [c for c, _ in candidates],
                             elapsed_s=time.perf_counter() - t0, phases=phases)
     if prebuild is not None:  # a card: the winner's build becomes its current one, so kernelkit.ops.<card> runs it
         make(result.best)
         registry.route(name, _CardRoutes(card, space, bucket))
     return result
+
+
+def _store_winner(key: str, name: str, device: str, dtype: torch.dtype, bucket: Any, best: Candidate) -> None:
+    cache.store_tune_record(key, {"name": name, "device": device, "dtype": str(dtype), "bucket": repr(bucket),
+                                  "best": best.config, "median_us": best.timing.median_us, "created": time.time()})
 
 
 def _timed_winner(name: str, candidates, args: tuple, timer: Optional[Timer], budget_ms: Optional[float],

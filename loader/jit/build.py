@@ -18,9 +18,8 @@ import time
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from ..editors import compile_commands
 from ..errors import BuildError, KernelkitError, SourcesChanged
-from . import cache, fast, inputs, keys, running, sources, toolchain
+from . import cache, commands, fast, inputs, keys, running, sources, toolchain
 from .advice import SLOW_TORCH_UNIT_SECONDS, torch_cost_advice
 from .progress import Status, say
 from .running import build_state, in_parallel, private_dir, state
@@ -122,7 +121,7 @@ def _compile_once(unit: Unit, target: Target) -> Path:
             info = {"display": unit.display, "kind": unit.kind, **made}
             obj = cache.store_object(unit.key, out, info)
             fast.stored(unit, info)
-            compile_commands.remember(unit, unit.command(out, ["-MD", "-MF", str(depfile)]), made)
+            commands.remember(unit, unit.command(out, ["-MD", "-MF", str(depfile)]), made)
             return obj
 
 
@@ -149,7 +148,7 @@ def _label(unit: Unit) -> str:
 def build(target: Target) -> Tuple[Path, bool, float]:
     """Return (path of the verified .so, whether it came from the cache, seconds spent building)."""
     built = _build(target)
-    compile_commands.after_build(target)  # KERNELKIT_COMPILE_COMMANDS=DIR: the editors' database, kept current
+    commands.after_build(target)  # KERNELKIT_COMPILE_COMMANDS=DIR: the editors' database, kept current
     return built
 
 

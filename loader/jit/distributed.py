@@ -303,15 +303,7 @@ def exchange(art: _Artifact, group, src: int = 0):
     _check_agreement(entries, art, src, group, error)
     if all(e["have"] for e in entries):
         return have  # every cache holds it: nothing moves
-    header, data, result = None, b"", None
-    if me == src:
-        try:
-            result, path, info = art.make() if have is None else (have, _artifact_file(have), {})
-            data = Path(path).read_bytes()
-            header = {"ok": True, "key": art.key, "sha256": _digest(data), "size": len(data),
-                      "info": {**info, "from_rank": dist.get_global_rank(group, src)}}
-        except Exception as e:  # noqa: BLE001 - sent before it is raised here, so no rank waits for a failed build
-            header, failure = {"ok": False, "error": _describe_error(e)}, e
+    header, data, result, failure = _build_at_src(art, have, group, src) if me == src else (None, b"", None, None)
     box = [header]
     with _collective(what, src, group):
         dist.broadcast_object_list(box, group_src=src, group=group)
@@ -329,14 +321,30 @@ def exchange(art: _Artifact, group, src: int = 0):
     if needy:
         got = _transfer(data, header["size"], needy, me, src, n, group, what)
         if me in needy:
-            if _digest(got) != header["sha256"] or header["key"] != art.key:
-                raise KernelkitError(f"{art.name}: the build received from rank "
-                                     f"{dist.get_global_rank(group, src)} does not match the sha256 it announced "
-                                     "for this key; nothing was stored")
-            say(f"{art.name}: received build {art.key[:12]} ({len(got)} bytes) from rank "
-                f"{dist.get_global_rank(group, src)}")
-            return art.publish(got, header["info"])
+            return _received(art, got, header, dist.get_global_rank(group, src))
     return result if me == src else have
+
+
+def _build_at_src(art: _Artifact, have, group, src: int) -> Tuple[dict, bytes, object, Optional[Exception]]:
+    """On ``src``: (the header announcing its build, the build's bytes, what it returns, None), its build made
+    where its cache lacks it; or a header saying why it failed and the exception, raised once it is announced."""
+    try:
+        result, path, info = art.make() if have is None else (have, _artifact_file(have), {})
+        data = Path(path).read_bytes()
+        header = {"ok": True, "key": art.key, "sha256": _digest(data), "size": len(data),
+                  "info": {**info, "from_rank": _dist().get_global_rank(group, src)}}
+        return header, data, result, None
+    except Exception as e:  # noqa: BLE001 - sent before it is raised here, so no rank waits for a failed build
+        return {"ok": False, "error": _describe_error(e)}, b"", None, e
+
+
+def _received(art: _Artifact, got: bytes, header: dict, sender: int):
+    """The build ``sender`` (a global rank) sent, stored once it matches the sha256 and key it announced."""
+    if _digest(got) != header["sha256"] or header["key"] != art.key:
+        raise KernelkitError(f"{art.name}: the build received from rank {sender} does not match the sha256 it "
+                             "announced for this key; nothing was stored")
+    say(f"{art.name}: received build {art.key[:12]} ({len(got)} bytes) from rank {sender}")
+    return art.publish(got, header["info"])
 
 
 def _attempt(fn) -> Tuple[object, Optional[BaseException]]:

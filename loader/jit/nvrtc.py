@@ -27,14 +27,14 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from .. import settings
 from ..errors import BuildError, KernelkitError
-from ..instant import signature
 from . import cache, keys, sources
+from .outline import Outline, scan
 
 FORMAT = "kernelkit-nvrtc-3"
 # --no-source-include: NVRTC looks for no header next to the source (or in the working directory), so every
 # local header it opens is one kernelkit hashed and handed over from memory
 DEFAULT_OPTIONS = ("--std=c++17", "-lineinfo", "--no-source-include")
-SCAN_FORMAT = "kernelkit-scan-1"  # signature.scan's stored outlines: bump it whenever what scan reads changes
+SCAN_FORMAT = "kernelkit-scan-1"  # outline.scan's stored outlines: bump it whenever what scan reads changes
 _FORCED_INCLUDES = ("--pre-include", "-include")  # NVRTC's spellings, as "--pre-include=x.h" or two tokens
 _STT_FUNC, _STO_CUDA_ENTRY = 2, 0x10  # a cubin's ELF: function symbols flagged as kernels (entry points)
 
@@ -247,15 +247,15 @@ class _Headers:
 
 
 @functools.lru_cache(maxsize=256)
-def scanned(text: str) -> signature.Outline:
-    """``signature.scan(text)``, kept in the cache's ``obj/`` by content (gc'd like any object), so that a warm
+def scanned(text: str) -> Outline:
+    """``outline.scan(text)``, kept in the cache's ``obj/`` by content (gc'd like any object), so that a warm
     start reads a small file instead of loading tree-sitter and parsing (milliseconds on a busy machine)."""
     key = keys.scan_key(SCAN_FORMAT, text)
     found = cache.cached_object(key)
     if found is not None:
         with contextlib.suppress(OSError, ValueError, TypeError):
-            return signature.Outline.from_json(found.read_text())
-    outline = signature.scan(text)
+            return Outline.from_json(found.read_text())
+    outline = scan(text)
     try:
         tmpdir = cache.private_tmpdir("scan-")
         try:

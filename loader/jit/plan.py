@@ -10,7 +10,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..errors import KernelkitError
 from . import fast, syntax, toolchain
@@ -198,11 +198,7 @@ def plan_extension(name: str, sources: Sequence[Path], *, arch=None, extra_cflag
     if not name.isidentifier():
         raise ValueError(f"name: expected a Python identifier (it names the extension module), got {name!r}")
     has_cuda_files = any(s.suffix in CUDA_SUFFIXES for s in sources)
-    if with_cuda is None:
-        with_cuda = has_cuda_files
-    elif not with_cuda and has_cuda_files:
-        cu = next(s for s in sources if s.suffix in CUDA_SUFFIXES)
-        raise ValueError(f"with_cuda=False, but sources include the CUDA file {cu.name}: drop with_cuda or the file")
+    with_cuda = _with_cuda(with_cuda, sources, has_cuda_files)
     if with_cuda:
         toolchain.check_cuda_match(name)
     archs = toolchain.arch_list(arch) if has_cuda_files else []
@@ -221,16 +217,7 @@ def plan_extension(name: str, sources: Sequence[Path], *, arch=None, extra_cflag
     for src in sources:  # only now: a record holds the identities of files that existed, so a missing one misses it
         if not os.path.isfile(src):
             raise FileNotFoundError(f"sources: {src} does not exist")
-    units, shown_texts = [], dict(texts or {})
-    for src in sources:
-        kind = "cu" if src.suffix in CUDA_SUFFIXES else "cpp"
-        flags = flags_by_kind[kind]
-        shown = (displays or {}).get(src) or display(src)
-        text = src.read_text(errors="replace")
-        unit = fast.claim(plan_unit(kind, src, text, include_dirs, flags, archs, shown, optimize=None,
-                                          torch_style=True))  # a .cu that includes torch: the split's, where it can be
-        units.append(unit)
-        shown_texts.setdefault(shown, text.splitlines())
+    units, shown_texts = _extension_units(sources, flags_by_kind, include_dirs, archs, displays, texts)
     if is_python_module and not is_standalone:
         _require_module_init(name, units)
     target = make_target(name, units, with_cuda, name if is_python_module else None, list(extra_ldflags),
@@ -238,6 +225,32 @@ def plan_extension(name: str, sources: Sequence[Path], *, arch=None, extra_cflag
     if use_record:
         fast.remember_plan(call, target, started)
     return target
+
+
+def _with_cuda(with_cuda: Optional[bool], sources: Sequence[Path], has_cuda_files: bool) -> bool:
+    """``with_cuda`` as torch reads it: by default, whether a source is a CUDA file; False with one is refused."""
+    if with_cuda is None:
+        return has_cuda_files
+    if not with_cuda and has_cuda_files:
+        cu = next(s for s in sources if s.suffix in CUDA_SUFFIXES)
+        raise ValueError(f"with_cuda=False, but sources include the CUDA file {cu.name}: drop with_cuda or the file")
+    return with_cuda
+
+
+def _extension_units(sources: Sequence[Path], flags_by_kind: Dict[str, List[str]], include_dirs: List[Path],
+                     archs: List[str], displays: Optional[Dict[Path, str]], texts: Optional[Dict[str, List[str]]]
+                     ) -> Tuple[List[Unit], Dict[str, List[str]]]:
+    """Each source its own unit, and the lines of each source as errors show it (``texts`` first)."""
+    units, shown_texts = [], dict(texts or {})
+    for src in sources:
+        kind = "cu" if src.suffix in CUDA_SUFFIXES else "cpp"
+        shown = (displays or {}).get(src) or display(src)
+        text = src.read_text(errors="replace")
+        # a .cu that includes torch is the split's, where it can be
+        units.append(fast.claim(plan_unit(kind, src, text, include_dirs, flags_by_kind[kind], archs, shown,
+                                          optimize=None, torch_style=True)))
+        shown_texts.setdefault(shown, text.splitlines())
+    return units, shown_texts
 
 
 def _require_module_init(name: str, units: Sequence[Unit]) -> None:

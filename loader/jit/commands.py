@@ -1,10 +1,11 @@
 """``compile_commands.json``: each translation unit kernelkit compiled, with the command it ran, for clangd.
 
 The build core calls ``remember`` for each TU it compiles (a record under the object's key, so that ``kernelkit
-ide`` finds the command of every TU of a cached library later) and ``after_build`` after each build. The database
-keeps nvcc's commands as they ran; clang's driver does not know some of nvcc's options, so a ``.clangd`` next to the
-database removes those and adds what nvcc implies (the GPU arch, the toolkit, CUDA 13's ``include/cccl``), which
-clangd applies to every file under that directory.
+ide`` finds the command of every TU of a cached library later) and ``after_build`` after each build, which keeps
+the database of ``KERNELKIT_COMPILE_COMMANDS`` current: so the writing lives here, in the core, too. The database
+keeps nvcc's commands as they ran; clang's driver does not know some of nvcc's options, so a ``.clangd`` next to
+the database removes those and adds what nvcc implies (the GPU arch, the toolkit, CUDA 13's ``include/cccl``),
+which clangd applies to every file under that directory.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
 from .. import replace_file, settings
-from ..jit import cache
+from . import cache
 
 log = logging.getLogger("kernelkit")
 
