@@ -20,7 +20,7 @@ from ..harness import report
 from ..jit import cache, store
 from ..jit.cards import declared_sources, search_path
 from ..version import __version__
-from . import doctor, harness_commands, ide, scaffold
+from . import doctor, eval_command, harness_commands, ide, scaffold
 
 DESCRIPTION = "Build, check and time the CUDA/C++ kernel cards on the search path, and manage the build cache."
 EXAMPLES = """examples:
@@ -67,47 +67,60 @@ def cmd_cache(args) -> int:
         print(json.dumps(found, indent=1) if args.json else _store_text(args.store, found))
     elif args.action == "list":
         rows = cache.entries()
-        if args.json:
-            print(json.dumps(rows, indent=1))
-        elif not rows:
-            print("cache is empty")
-        else:
-            print(f"{'name':<24} {'key':<16} {'size':>9} {'built in':>9}  {'last used':<16}  origin")
-            for r in rows:
-                secs = f"{r['build_seconds']:.1f} s" if r["build_seconds"] is not None else "-"
-                origin = "built here" if r.get("received_from_rank") is None else f"received from rank {r['received_from_rank']}"
-                print(f"{r['name']:<24} {r['key']:<16} {_size(r['size']):>9} {secs:>9}  {_when(r['last_used']):<16}  {origin}")
+        print(json.dumps(rows, indent=1) if args.json else _entries_text(rows))
     elif args.action == "tuned":
         records = cache.tune_records()
-        if args.json:
-            print(json.dumps(records, indent=1))
-        for r in [] if args.json else records:
-            best = ", ".join(f"{k}={v}" for k, v in r["best"].items())
-            print(f"{r.get('name', '?'):<20} {r.get('dtype', ''):<15} bucket {r.get('bucket', ''):<8} {best:<32} "
-                  f"{r.get('median_us', float('nan')):9.2f} us  {r.get('device', '')}")
-        if not args.json and not records:
-            print("no tuning records (kernelkit.autotune stores one per op, device, dtype and shape bucket)")
+        print(json.dumps(records, indent=1) if args.json else _tuned_text(records))
     elif args.action == "clear":
         print(f"removed {cache.clear()} entries from {cache.cache_dir()}")
     elif args.action == "gc":
         print(f"removed {cache.gc(args.max_age_days, max_bytes=cache.max_bytes())}")
     elif args.action == "verify":
-        found = cache.verify(fix=args.fix)
-        bad = [f for f in found if f["status"] != "ok"]
-        if args.json:
-            print(json.dumps(found, indent=1))
-        for f in [] if args.json else bad:
-            done = "removed" if f["removed"] else "left: in use" if args.fix else "would be removed by --fix"
-            print(f"corrupt {f['kind']} {f['entry']}: {f['reason']} ({done})")
-        if not args.json:
-            print(f"{len(found) - len(bad)} entries ok, {len(bad)} corrupt")
-            received = sum(1 for r in cache.entries() if r.get("received_from_rank") is not None)
-            if received:
-                print(f"{received} libraries were received from another rank of a group= job: verify checks that "
-                      "they are the bytes recorded when they arrived, which matched the sha256 the sending rank "
-                      "announced; it cannot tell what that rank compiled (docs/distributed.md, 'What a rank trusts')")
-        return 1 if any(not f["removed"] for f in bad) else 0
+        return _cache_verify(args)
     return 0
+
+
+def _entries_text(rows: List[dict]) -> str:
+    """The cached libraries, one line each."""
+    if not rows:
+        return "cache is empty"
+    lines = [f"{'name':<24} {'key':<16} {'size':>9} {'built in':>9}  {'last used':<16}  origin"]
+    for r in rows:
+        secs = f"{r['build_seconds']:.1f} s" if r["build_seconds"] is not None else "-"
+        origin = "built here" if r.get("received_from_rank") is None else f"received from rank {r['received_from_rank']}"
+        lines.append(f"{r['name']:<24} {r['key']:<16} {_size(r['size']):>9} {secs:>9}  {_when(r['last_used']):<16}  {origin}")
+    return "\n".join(lines)
+
+
+def _tuned_text(records: List[dict]) -> str:
+    """The stored autotuning winners, one line each."""
+    if not records:
+        return "no tuning records (kernelkit.autotune stores one per op, device, dtype and shape bucket)"
+    lines = []
+    for r in records:
+        best = ", ".join(f"{k}={v}" for k, v in r["best"].items())
+        lines.append(f"{r.get('name', '?'):<20} {r.get('dtype', ''):<15} bucket {r.get('bucket', ''):<8} {best:<32} "
+                     f"{r.get('median_us', float('nan')):9.2f} us  {r.get('device', '')}")
+    return "\n".join(lines)
+
+
+def _cache_verify(args) -> int:
+    """``kernelkit cache verify``: 1 while a corrupt entry is left in the cache."""
+    found = cache.verify(fix=args.fix)
+    bad = [f for f in found if f["status"] != "ok"]
+    if args.json:
+        print(json.dumps(found, indent=1))
+    for f in [] if args.json else bad:
+        done = "removed" if f["removed"] else "left: in use" if args.fix else "would be removed by --fix"
+        print(f"corrupt {f['kind']} {f['entry']}: {f['reason']} ({done})")
+    if not args.json:
+        print(f"{len(found) - len(bad)} entries ok, {len(bad)} corrupt")
+        received = sum(1 for r in cache.entries() if r.get("received_from_rank") is not None)
+        if received:
+            print(f"{received} libraries were received from another rank of a group= job: verify checks that "
+                  "they are the bytes recorded when they arrived, which matched the sha256 the sending rank "
+                  "announced; it cannot tell what that rank compiled (docs/distributed.md, 'What a rank trusts')")
+    return 1 if any(not f["removed"] for f in bad) else 0
 
 
 def _store_text(name: str, found: List[dict]) -> str:
@@ -251,7 +264,15 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"kernelkit {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
+    _add_cards_and_cache(sub)
+    _add_inspect_and_profile(sub)
+    for commands in (harness_commands, scaffold, doctor, ide, eval_command):  # check, bench, run; new; doctor; ide; eval
+        commands.register(sub)
+    return p
 
+
+def _add_cards_and_cache(sub) -> None:
+    """``kernelkit list``, ``cache`` and ``build``."""
     ls = sub.add_parser("list", help="the cards on the kernel search path (without importing torch)",
                         description="List the cards on the kernel search path. Each spec's Spec(..., sources=[...]) "
                         "is read without running it; a spec that computes its sources is imported (with torch).")
@@ -274,6 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--kernels-dir", help="directory of cards (default: KERNELKIT_PATH + built-in)")
     b.set_defaults(func=cmd_build)
 
+
+def _add_inspect_and_profile(sub) -> None:
+    """``kernelkit inspect`` and ``profile``: what a card's compiled kernels use, and what limits them on the GPU."""
     ins = sub.add_parser("inspect", help="a card's registers, spills, shared memory and occupancy; its SASS/PTX",
                          description="Build the card if needed (no GPU needed with --arch) and show its compile report "
                          "read from the cached binary, or its code. Needs NVIDIA's cuobjdump (CUDA toolkit, or "
@@ -301,10 +325,6 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--json", action="store_true", help="machine-readable output")
     prof.add_argument("--plot", metavar="PATH", help="write the roofline plot here (PNG)")
     prof.set_defaults(func=cmd_profile)
-
-    for commands in (harness_commands, scaffold, doctor, ide):  # check, bench, run; new; doctor; ide
-        commands.register(sub)
-    return p
 
 
 def _for_the_terminal(e: KernelkitError) -> str:

@@ -19,6 +19,9 @@ _DTYPES = {"float32": "float32", "float64": "float64", "float16": "float16", "bf
            "half": "float16", "float": "float32", "double": "float64"}
 
 
+STRICT_HELP = "for a kernel that may cheat: run it in a process of its own on fresh inputs, verify timed calls (docs/strict.md)"
+
+
 class UsageError(KernelkitError):
     """The command line asks for something this machine or search path does not have (exit code 2)."""
 
@@ -161,12 +164,13 @@ def cmd_check(args) -> int:
     from ..harness.check import check
 
     status = 0
-    for _name, spec, op, device in targets:
+    for name, spec, op, device in targets:
         if spec is None:
             status = 1
             continue
-        res = check(op, spec=spec, device=device, dtypes=_torch_dtypes(args.dtype), trials=args.trials, seed=args.seed,
-                    large=args.large, contract=not args.no_contract)
+        res = check(name if args.strict else op, spec=spec, device=device, dtypes=_torch_dtypes(args.dtype),
+                    trials=args.trials, seed=args.seed, large=args.large, contract=not args.no_contract,
+                    strict=args.strict, kernels_dir=args.kernels_dir)
         print(repr(res) + "\n")
         status |= 0 if res.ok else 1
     return status
@@ -178,13 +182,15 @@ def cmd_bench(args) -> int:
     from ..harness.bench import bench, write_csv
 
     results, status = [], 0
-    for _name, spec, op, device in targets:
+    for name, spec, op, device in targets:
         if spec is None:
             status = 1
             continue
-        res = bench(op, spec=spec, device=device, sizes=sizes, dtype=args.dtype and _torch_dtypes(args.dtype)[0],
-                    compile=args.compile, graph=args.graph, budget_ms=args.budget_ms, copy_floor=args.copy_floor,
-                    max_numel=math.inf if args.all_sizes else None)
+        res = bench(name if args.strict else op, spec=spec, device=device, sizes=sizes,
+                    dtype=args.dtype and _torch_dtypes(args.dtype)[0], compile=args.compile, graph=args.graph,
+                    budget_ms=args.budget_ms, copy_floor=args.copy_floor, max_numel=math.inf if args.all_sizes else None,
+                    strict=args.strict, kernels_dir=args.kernels_dir)
+        status |= 1 if args.strict and not res.strict_check.ok else 0
         print(repr(res) + "\n")
         results.append(res)
         if args.plot:
@@ -262,6 +268,7 @@ def register(sub) -> None:
     c.add_argument("--large", action="store_true", help="also check > 2**31-element shapes (GPU memory!)")
     c.add_argument("--no-contract", action="store_true",
                    help="skip the op contract (opcheck, torch.compile, CUDA graph, current stream)")
+    c.add_argument("--strict", action="store_true", help=STRICT_HELP)
     c.set_defaults(func=cmd_check)
 
     b = sub.add_parser("bench", help="time cards against eager, torch.compile and the bandwidth floor")
@@ -274,6 +281,7 @@ def register(sub) -> None:
     b.add_argument("--plot", metavar="DIR", help="write PNG plots here")
     b.add_argument("--json", metavar="FILE", help="write results as JSON")
     b.add_argument("--csv", metavar="FILE", help="write results as CSV")
+    b.add_argument("--strict", action="store_true", help=STRICT_HELP)
     b.set_defaults(func=cmd_bench)
 
     r = sub.add_parser("run", help="the main job: build, check and bench every card; write a report directory")

@@ -309,7 +309,7 @@ def bench(target: BenchTarget = None, inputs=None, *, spec: Optional[Spec] = Non
           budget_ms: Optional[float] = None, warmup_ms: Optional[float] = None, host_overhead: bool = True,
           floor: bool = True, copy_floor: bool = False, max_numel: Optional[int] = None, seed: int = 0,
           progress: Optional[Callable[[str], None]] = None, kernels_dir=None,
-          threads: Optional[Sequence[int]] = None) -> BenchResult:
+          threads: Optional[Sequence[int]] = None, strict: bool = False) -> BenchResult:
     """Time ``target`` over a size sweep, side by side with torch's own op (``spec.torch_op``), the eager
     reference, ``torch.compile(reference)`` and the bandwidth floor.
 
@@ -327,7 +327,12 @@ def bench(target: BenchTarget = None, inputs=None, *, spec: Optional[Spec] = Non
     no bench_sizes, ``max_numel`` below every size) is a ValueError; ``inputs`` of another form a TypeError.
     On a CPU each size is timed at ``threads`` torch threads (default 1 and torch's), the machine's load measured:
     a ratio from a busy machine or with a wide interval is marked unreliable (``Ratio.caveat``, the row's).
+    ``strict=True``: for an op that may cheat, each timed in a process of its own (``harness.strict``, docs/strict.md).
     """
+    if strict:
+        from .strict import strict_bench
+        return strict_bench(target, inputs, BenchResult, _cpu_cap, spec=spec, reference=reference, sizes=sizes,
+                            dtype=dtype, device=device, budget_ms=budget_ms, max_numel=max_numel, kernels_dir=kernels_dir)
     contenders, spec, device = _contenders(target, spec, kernels_dir, device)
     reference = reference if reference is not None else spec.reference if spec is not None else None
     on_gpu = device.type == "cuda"
@@ -343,13 +348,8 @@ def bench(target: BenchTarget = None, inputs=None, *, spec: Optional[Spec] = Non
     result = BenchResult(name, str(device), device_name(device), str(dtype).replace("torch.", ""), timer, bw,
                          list(contenders) + ([COPY] if copy_floor else []), torch_op=torch_op,
                          threads=[] if on_gpu else sorted(set(threads)) if threads else machine.thread_settings())
-    if not on_gpu:
-        result.notes += ["graph mode needs CUDA: host timer used"] * graph + [
-            "host timer (time.perf_counter): CPU wall time, no cache flush; % bw is against a DRAM copy, so "
-            "cache-resident sizes can exceed 100%"]
-    timing_kw = dict(budget_ms=budget_ms or (100.0 if on_gpu else 50.0), warmup_ms=warmup_ms or (25.0 if on_gpu else 10.0))
-    if on_gpu:
-        timing_kw.update(flush=flush_l2, graph=graph)
+    result.notes += [] if on_gpu else _host_timer_notes(graph)
+    timing_kw = _timing_options(on_gpu, budget_ms, warmup_ms, flush_l2, graph)
     bytes_moved = spec.bytes_moved if spec is not None and spec.bytes_moved is not None else tensor_bytes
     with _many_recompiles():
         for size in sizes:
@@ -363,6 +363,21 @@ def bench(target: BenchTarget = None, inputs=None, *, spec: Optional[Spec] = Non
         _host_overheads(result, contenders, make, spec, dtype, device, seed)
     _note_busy(result)
     return result
+
+
+def _host_timer_notes(graph: bool) -> List[str]:
+    return ["graph mode needs CUDA: host timer used"] * graph + [
+        "host timer (time.perf_counter): CPU wall time, no cache flush; % bw is against a DRAM copy, so "
+        "cache-resident sizes can exceed 100%"]
+
+
+def _timing_options(on_gpu: bool, budget_ms: Optional[float], warmup_ms: Optional[float], flush_l2: bool,
+                    graph: bool) -> dict:
+    """The timer's budget and warm-up (defaults per device); on a GPU, the L2 flush and graph mode too."""
+    timing_kw = dict(budget_ms=budget_ms or (100.0 if on_gpu else 50.0), warmup_ms=warmup_ms or (25.0 if on_gpu else 10.0))
+    if on_gpu:
+        timing_kw.update(flush=flush_l2, graph=graph)
+    return timing_kw
 
 
 def _note_busy(result: BenchResult) -> None:

@@ -17,7 +17,7 @@ import hashlib
 import math
 import numbers
 import time
-from typing import Callable, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -126,19 +126,7 @@ def _run_values(plan: _Plan, case: Case, args: tuple, use_out: bool) -> None:
         _sync(device)
     except Exception as e:  # noqa: BLE001 - report, do not crash the whole check
         return case.op_raised(e)
-    for i, g in guards.items():
-        msg = g.stray_writes(f"input {i}")
-        if msg:
-            case.fail(msg)
-        if i not in spec.mutates:
-            changed = (bits(g.view) != bits(args[i])).any(1).nonzero().flatten()
-            if changed.numel():
-                case.fail(f"input {i}: the op modified its input in place ({changed.numel()} elements, first at "
-                          f"index {index(int(changed[0]), args[i].shape)}); declare Spec.mutates if intended")
-    for k, o in enumerate(outs):
-        msg = o.stray_writes(f"{spec.out_arg}= buffer {k}")
-        if msg:
-            case.fail(msg)
+    _check_writes(case, spec, args, guards, outs)
     rtol, atol = plan.tol(case.dtype)
     results = [o.view for o in outs] if use_out else flat_outputs(got)
     exps, exps64 = flat_outputs(expected), flat_outputs(expected64) if expected64 is not None else None
@@ -157,6 +145,39 @@ def _run_values(plan: _Plan, case: Case, args: tuple, use_out: bool) -> None:
         returned = None  # the out= tensor itself, compared above
     if returned is not None:
         compare(case, "returned value", returned, exps[0], None, rtol, atol, 1)
+
+
+def _seeding_or_backward(plan: _Plan, new_case: Callable[..., Case], dtype: torch.dtype,
+                         shapes: Sequence[Tuple[int, ...]], gradcheck: Optional[bool]) -> None:
+    """After a dtype's trials: a random op's seeding case; else, for an op with ``grad_inputs``, its backward on up
+    to three non-empty shapes (floating dtypes below float64, unless ``gradcheck=False``)."""
+    spec = plan.spec
+    nonempty = [s for s in shapes if math.prod(s) > 0]
+    if spec.random and nonempty:
+        shape = next((s for s in nonempty if math.prod(s) > 1), nonempty[0])
+        case = new_case("seeding", dtype, shape, "contiguous", 0)
+        _run_seeding(plan, case, plan.inputs(shape, dtype, case.seed))
+    elif spec.grad_inputs and gradcheck is not False and dtype != torch.float64 and dtype.is_floating_point:
+        for shape in nonempty[:3]:
+            case = new_case("backward", dtype, shape, "contiguous", 0)
+            _run_backward(plan, case, plan.inputs(shape, dtype, case.seed), spec.grad_inputs)
+
+
+def _check_writes(case: Case, spec: Spec, args: tuple, guards: Dict[int, Guarded], outs: List[Guarded]) -> None:
+    """Fail ``case`` where the op wrote outside its tensors, or into an input it does not declare it mutates."""
+    for i, g in guards.items():
+        msg = g.stray_writes(f"input {i}")
+        if msg:
+            case.fail(msg)
+        if i not in spec.mutates:
+            changed = (bits(g.view) != bits(args[i])).any(1).nonzero().flatten()
+            if changed.numel():
+                case.fail(f"input {i}: the op modified its input in place ({changed.numel()} elements, first at "
+                          f"index {index(int(changed[0]), args[i].shape)}); declare Spec.mutates if intended")
+    for k, o in enumerate(outs):
+        msg = o.stray_writes(f"{spec.out_arg}= buffer {k}")
+        if msg:
+            case.fail(msg)
 
 
 #: what torch raises for bad arguments (TORCH_CHECK -> RuntimeError, TORCH_CHECK_VALUE/_TYPE/_INDEX -> ValueError,
@@ -328,7 +349,7 @@ def check(op, reference: Optional[Callable] = None, inputs: InputsArg = None, *,
           device=None, trials: int = 5, seed: int = 0, rtol: Optional[float] = None, atol: Optional[float] = None,
           gradcheck: Optional[bool] = None, random: Optional[bool] = None, noncontiguous: Optional[bool] = None,
           large: bool = False, raise_on_fail: bool = False, max_mismatches: int = 5, contract: bool = True,
-          kernels_dir=None, reuse: Optional[CaseMemo] = None) -> CheckResult:
+          kernels_dir=None, reuse: Optional[CaseMemo] = None, strict: bool = False) -> CheckResult:
     """Check ``op`` against ``reference``.
 
     ``op`` is a callable, a card name or a :class:`Spec`. Inputs come from ``inputs`` (a tuple of args or a
@@ -346,9 +367,16 @@ def check(op, reference: Optional[Callable] = None, inputs: InputsArg = None, *,
     ``noncontiguous`` to ``spec.noncontiguous`` (False: contiguous inputs only, for an op that refuses others).
     ``contract`` (default on) holds a torch custom op to its contract, once, on a small case of the first
     dtype (``contract.py``). A card name is searched in ``kernels_dir`` (KERNELKIT_PATH + the built-in cards).
-    ``reuse``: a :class:`CaseMemo` shared by checks of several ops against one reference, inputs and seed."""
+    ``reuse``: a :class:`CaseMemo` shared by checks of several ops against one reference, inputs and seed.
+    ``strict=True``: for an op that may cheat (``harness.strict``, docs/strict.md): the op runs in a process of its own."""
     t0 = time.perf_counter()
     _check_arguments(trials, shapes, dtypes)  # before a card is built
+    if strict:
+        from .strict import strict_check
+
+        return strict_check(op, reference, inputs, spec=spec, shapes=shapes, dtypes=dtypes, device=device, trials=trials,
+                            rtol=rtol, atol=atol, kernels_dir=kernels_dir, max_mismatches=max_mismatches,
+                            raise_on_fail=raise_on_fail)
     op, reference, spec, device, fixed = _resolve(op, reference, spec, inputs, kernels_dir, device)
     overrides = {k: v for k, v in (("random", random), ("noncontiguous", noncontiguous)) if v is not None}
     spec = dataclasses.replace(spec, **overrides) if overrides else spec
@@ -367,15 +395,7 @@ def check(op, reference: Optional[Callable] = None, inputs: InputsArg = None, *,
         if not _trials_of(plan, new_case, dtype, shapes, trials):
             result.notes.append("stopped after a CUDA error: the context is unusable")
             return _finish(result, t0, raise_on_fail)
-        nonempty = [s for s in shapes if math.prod(s) > 0]
-        if spec.random and nonempty:
-            shape = next((s for s in nonempty if math.prod(s) > 1), nonempty[0])
-            case = new_case("seeding", dtype, shape, "contiguous", 0)
-            _run_seeding(plan, case, plan.inputs(shape, dtype, case.seed))
-        elif spec.grad_inputs and gradcheck is not False and dtype != torch.float64 and dtype.is_floating_point:
-            for shape in nonempty[:3]:
-                case = new_case("backward", dtype, shape, "contiguous", 0)
-                _run_backward(plan, case, plan.inputs(shape, dtype, case.seed), spec.grad_inputs)
+        _seeding_or_backward(plan, new_case, dtype, shapes, gradcheck)
     contract_shape = _small_shape(shapes)
     if contract and dtypes and contract_shape is not None:
         _contract.check(plan, new_case, contract_shape, dtypes[0], _case_seed(seed, "contract"))
