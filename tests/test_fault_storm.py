@@ -29,6 +29,7 @@ from test_faults import TU, _running_in_group, _value, cache_root, call_f, card,
 
 from kernelkit.errors import SourcesChanged
 from kernelkit.jit import build, cache, running, units
+from kernelkit.jit.cache import objects as object_store
 
 STORM_SECONDS = float(os.environ.get("KERNELKIT_STORM_SECONDS", "60"))
 STORM_PROCS = 16
@@ -255,10 +256,10 @@ def _arm(point: str, marks: Path) -> None:
             return real_write(self, data, *args, **kwargs)
 
         Path.write_text = write_text
-    elif point == "obj-published":
-        after(cache, "publish_file", lambda tmp, final: final.suffix == ".o")
+    elif point == "obj-published":  # hooked where the object store calls it
+        after(object_store, "publish_file", lambda tmp, final: final.suffix == ".o")
     elif point == "meta-published":
-        after(cache, "publish_file", lambda tmp, final: final.suffix == ".json")
+        after(object_store, "publish_file", lambda tmp, final: final.suffix == ".json")
     elif point == "pinned":
         after(build, "_pin")
     elif point == "linker-running":
