@@ -195,6 +195,31 @@ def test_the_device_tu_stands_in_for_torchs_umbrella_and_keeps_light_torch_heade
     assert "#include <c10/cuda/CUDAGuard.h>" in poly
 
 
+_SCALAR_TYPE_KERNEL = (
+    "#include <torch/extension.h>\n"
+    "__device__ float ld(const void* p, at::ScalarType t) {\n"
+    "  return t == at::ScalarType::Double ? float(static_cast<const double*>(p)[0]) : static_cast<const float*>(p)[0];\n"
+    "}\n__global__ void k(const void* p, at::ScalarType t, float* o) { o[0] = ld(p, t); }\n"
+    "torch::Tensor f(torch::Tensor x) {\n  auto o = torch::empty({1}, x.options().dtype(torch::kFloat));\n"
+    "  k<<<1, 1>>>(x.data_ptr(), x.scalar_type(), o.data_ptr<float>());\n  return o;\n}\n")
+
+
+@pytest.mark.cuda_build
+def test_device_code_switching_on_a_scalar_type_gets_c10s_header_and_compiles(tmp_path):
+    """``at::ScalarType`` in device code is c10's light enum header, not torch's umbrella (built as written)."""
+    from kernelkit.jit import plan, toolchain
+
+    result = split_text(tmp_path, _SCALAR_TYPE_KERNEL)
+    assert isinstance(result, Split), result
+    assert "#include <c10/core/ScalarType.h>" in result.device and "torch/extension.h" not in result.device
+    dev_cu = tmp_path / "x.dev.cu"
+    dev_cu.write_text(device_text(result, []))
+    flags = plan._torch_style_flags("x", "cu", True, [], ["9.0"], False)
+    proc = subprocess.run([toolchain.nvcc(), *flags, "-c", str(dev_cu), "-o", str(tmp_path / "x.dev.o")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def test_a_local_header_is_written_in_with_its_guard_and_marks_naming_it():
     result = split_file("local_header.cu")
     header = corpus_path("axpby_kernels.cuh")

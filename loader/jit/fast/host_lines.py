@@ -36,11 +36,12 @@ _DEBUG_FLAGS = ("-g", "-ggdb", "-g1", "-g2", "-g3", "-gdwarf")
 
 
 
-def compile_host(unit: Unit, host: HostTU, target: Target, core) -> Tuple[Path, Optional[Path]]:
-    """The host TU's object and, where its line numbers live in a table, the table's object (None: none)."""
+def compile_host(unit: Unit, host: HostTU, target: Target, core, key: str = "") -> Tuple[Path, Optional[Path]]:
+    """The host TU's object and, where its line numbers live in a table, the table's object (None: none).
+    ``key``: its :func:`lines_key`, where the caller has it already."""
     if any(f.startswith(_DEBUG_FLAGS) for f in unit.flags):
         return core.compile_cached(unit, target), None
-    key = lines_key(unit, host)
+    key = key or lines_key(unit, host)
     hit = cache.cached_object(key)
     if hit is None:
         with cache.locked(key, unit.display):

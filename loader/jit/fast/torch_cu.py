@@ -119,7 +119,8 @@ def _split_into(unit: Unit, target: Target, out: Path, core) -> Optional[_Fallba
     if "," in str(unit.path.parent):
         return _Fallback("a comma in the name of the file's folder (nvcc splits -Xcompiler values at commas)")
     host_unit = _host_unit(result, unit, host_flags)
-    host_key = host_lines.lines_key(host_unit, result.host)[:32]
+    lines = host_lines.lines_key(host_unit, result.host)  # hashes the host TU's headers: once per build
+    host_key = lines[:32]
     if host_key in record.get("host_failed", {}):
         return _Fallback(f"{record['host_failed'][host_key]} (found earlier for this host code)")
     names_key = _torch_names_key(unit, result)
@@ -127,7 +128,7 @@ def _split_into(unit: Unit, target: Target, out: Path, core) -> Optional[_Fallba
     proof = None if covered else Proof(unit, target, nice=False, names_key=names_key, result=result)
     pool = concurrent.futures.ThreadPoolExecutor(1)
     try:
-        parts = _compiled_parts(result, unit, host_unit, target, pool, core)
+        parts = _compiled_parts(result, unit, host_unit, lines, target, pool, core)
         if isinstance(parts, _Fallback):
             return parts._replace(frame=frame, host_key=host_key) if parts.part == "host" else parts
         device_unit, device, host, table = parts
@@ -190,11 +191,11 @@ class _Part:
         self.obj, self.note = obj, note
 
 
-def _compiled_parts(result: split.Split, unit: Unit, host_unit: Unit, target: Target, pool, core):
+def _compiled_parts(result: split.Split, unit: Unit, host_unit: Unit, lines: str, target: Target, pool, core):
     """(device unit, device part, host part, line table) or why the file is to be built as written. Host and
     device TUs compile side by side, but a templated file's device TU instantiates what the host object calls.
     A device TU that lacks a declaration is tried once more with every light header in its prelude."""
-    host = pool.submit(_host_part, host_unit, result, target, unit, core)
+    host = pool.submit(_host_part, host_unit, lines, result, target, unit, core)
     undefined: List = []
     if result.templated:
         host_obj, table = host.result()
@@ -232,11 +233,11 @@ def _host_unit(result: split.Split, unit: Unit, flags: List[str]) -> Unit:
     return _sub_unit("cpp", tu.text, name, unit, flags, pch_header=header)
 
 
-def _host_part(host_unit: Unit, result: split.Split, target: Target, unit: Unit, core):
-    cached = cache.cached_object(host_lines.lines_key(host_unit, result.host)) is not None
+def _host_part(host_unit: Unit, lines: str, result: split.Split, target: Target, unit: Unit, core):
+    cached = cache.cached_object(lines) is not None
     t0 = time.perf_counter()
     try:
-        obj, table = host_lines.compile_host(host_unit, result.host, target, core)
+        obj, table = host_lines.compile_host(host_unit, result.host, target, core, lines)
     except BuildError as e:
         return _failed(e, target, unit, "host", result.device_kept), None
     note = "cached" if cached else f"{time.perf_counter() - t0:.1f} s"

@@ -27,7 +27,8 @@ _ACCESSORS = ("PackedTensorAccessor32", "PackedTensorAccessor64", "GenericPacked
               "PackedTensorAccessor", "TensorAccessor", "TensorAccessorBase", "GenericPackedTensorAccessorBase",
               "RestrictPtrTraits", "DefaultPtrTraits")
 PRELUDE_BY_NAME = (("c10/util/Half.h", ("Half",)), ("c10/util/BFloat16.h", ("BFloat16",)),
-                   ("c10/util/complex.h", ("complex",)), ("ATen/core/TensorAccessor.h", _ACCESSORS))
+                   ("c10/util/complex.h", ("complex",)), ("c10/core/ScalarType.h", ("ScalarType",)),
+                   ("ATen/core/TensorAccessor.h", _ACCESSORS))
 PRELUDE_MARK = "// kernelkit split: prelude"
 PRELUDE_FILE = "<kernelkit: prelude>"  # what the prelude's lines cite
 #: torch's umbrella headers declare torch:: as at:: (torch/types.h); the prelude says the same
@@ -36,7 +37,7 @@ TORCH_ALIAS = "namespace torch { using namespace at; }"
 HEAVY_SCOPES = frozenset({"torch", "at", "c10", "caffe2", "pybind11", "py"})
 #: what the prelude declares under those namespaces (anything else there needs torch's umbrella headers)
 LIGHT_NAMES = frozenset({
-    "Half", "BFloat16", "complex", "PackedTensorAccessor32", "PackedTensorAccessor64", "GenericPackedTensorAccessor",
+    "Half", "BFloat16", "complex", "ScalarType", "PackedTensorAccessor32", "PackedTensorAccessor64", "GenericPackedTensorAccessor",
     "PackedTensorAccessor", "TensorAccessor", "TensorAccessorBase", "GenericPackedTensorAccessorBase",
     "RestrictPtrTraits", "DefaultPtrTraits", "Float8_e4m3fn", "Float8_e5m2", "cuda", "detail", "headeronly"})
 #: macro prefixes of torch's heavy API (TORCH_CHECK, AT_DISPATCH_*, PYBIND11_MODULE, C10_CUDA_CHECK, ...)

@@ -12,7 +12,7 @@ from .layout import line_mark
 
 #: types the torch dispatch macros instantiate kernels with, and the light header declaring each
 _TORCH_TYPES = {"c10::Half": "c10/util/Half.h", "c10::BFloat16": "c10/util/BFloat16.h",
-                "c10::complex": "c10/util/complex.h"}
+                "c10::complex": "c10/util/complex.h", "c10::ScalarType": "c10/core/ScalarType.h"}
 _UNSPELLABLE = ("(anonymous namespace)", "{lambda", "{unnamed", ")::", "'lambda", "{default arg")
 #: the file name instantiation lines cite: a compile error there is kernelkit's, never the user's
 GENERATED = "<kernelkit: instantiations>"
