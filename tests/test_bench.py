@@ -327,6 +327,32 @@ def test_a_loaded_machine_marks_cpu_ratios_unreliable_instead_of_giving_an_inter
             report._pyplot().close(fig)
 
 
+def test_a_single_thread_timing_beside_one_busy_process_per_cpu_is_flagged():
+    """One busy process per CPU and a timing at 1 thread: the other processes cannot use more CPUs than there are,
+    so "others used" stays below the threshold, but the timing's thread gets its CPU only in turns; the time it
+    spent waiting for one (the kernel's run queue) marks the ratio unreliable. Asserts the flag only."""
+    import subprocess
+
+    from kernelkit.harness import machine
+
+    if machine.runqueue_wait_seconds() is None:
+        pytest.skip("no /proc/self/task/*/schedstat: a run queue's wait cannot be read")
+    cpus = machine.cpu_ids()
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in cpus]
+    try:
+        time.sleep(0.2)  # the spinners are running
+        res = bench({"ours": torch.add, "other": torch.add}, elementwise_inputs(2), sizes=[(4096,)],
+                    threads=[1], budget_ms=200, host_overhead=False, floor=False)
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    [window] = res.loads
+    assert window["waited_cpus"] > machine.WAIT_SLACK_CPUS and window["busy"].startswith("machine busy"), window
+    assert res.paired("other").verdict == "unreliable" and res.table_rows()[0][-1].startswith("unreliable (machine busy")
+    assert "its threads waiting for a CPU up to" in res.title()
+
+
 def test_when_a_cpu_timing_is_void():
     from kernelkit.harness.machine import Load
     from kernelkit.harness.timing import Ratio
@@ -336,6 +362,10 @@ def test_when_a_cpu_timing_is_void():
     assert Load(cpus=2, threads=2, others_cpus=0.3).busy() is None  # jiffy rounding is not load
     assert Load(cpus=2, threads=1, loadavg_before=1.2, loadavg_after=2.1).busy() is None  # no /proc/stat
     assert "load average 3.0" in Load(cpus=2, threads=1, loadavg_before=3.0, loadavg_after=2.1).busy()
+    # its thread waited for a CPU a third of the time, though the others used less than 1.5 CPUs
+    assert "1 thread waited for a CPU 33% of the time" in Load(cpus=2, threads=1, others_cpus=1.3, waited_cpus=0.33).busy()
+    assert "2 threads waited for a CPU 10% of the time" in Load(cpus=2, threads=2, others_cpus=0.2, waited_cpus=0.2).busy()
+    assert Load(cpus=2, threads=2, others_cpus=0.2, waited_cpus=0.01).busy() is None  # an idle machine's wakeups
     assert Ratio(2.0, 1.9, 2.1, 50).judged().verdict == "faster"
     assert Ratio(2.0, 1.9, 2.1, 50).judged("machine busy: x").caveat == "machine busy: x"
     wide = Ratio(1.0, 0.5, 3.0, 50).judged()

@@ -71,6 +71,90 @@ def test_a_cuda_major_mismatch_is_named(monkeypatch, tmp_path):
     assert f"CUDA {other}" in finding.detail and f"built for CUDA {torch.version.cuda}" in finding.detail
 
 
+def _cuda_dir(path, version, nvcc=False):
+    """A CUDA directory as it lies on disk: include/cuda.h of ``version`` (e.g. 13000), lib64/, and bin/nvcc
+    (a script: nothing here runs it) where ``nvcc``."""
+    (path / "include").mkdir(parents=True, exist_ok=True)
+    (path / "lib64").mkdir(exist_ok=True)
+    (path / "include" / "cuda.h").write_text(f"#define CUDA_VERSION {version}\n")
+    if nvcc:
+        (path / "bin").mkdir(exist_ok=True)
+        (path / "bin" / "nvcc").write_text("#!/bin/sh\nexit 1\n")
+        (path / "bin" / "nvcc").chmod(0o755)
+    return str(path)
+
+
+@pytest.fixture
+def fresh_toolchain(tmp_path, monkeypatch):
+    """Toolchain facts computed into a cache of the test's own, forgotten by this process before and after."""
+    monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("KERNELKIT_NVCC", raising=False)
+    computed = []
+    compute = toolchain._compute_facts
+    monkeypatch.setattr(toolchain, "_compute_facts", lambda: computed.append(1) or compute())
+
+    def forget():
+        toolchain.facts.cache_clear()
+        toolchain.nvcc.cache_clear()
+
+    forget()
+    yield computed, forget
+    forget()
+
+
+def test_a_cuda_directory_without_nvcc_falls_back_to_pip_and_the_facts_follow_their_files(
+        tmp_path, monkeypatch, caplog, fresh_toolchain):
+    """torch's CUDA_HOME is a CUDA runtime (include/, lib64/, no bin/nvcc) and NVIDIA's wheels hold a toolkit: the
+    build takes the wheels' nvcc and says it found the one and not the other, doctor names the same nvcc; the
+    recorded facts are redone when a file they came from changes (nvcc installed into the runtime's directory,
+    its cuda.h upgraded in place), and read from the cache while nothing did."""
+    if not toolchain.torch_has_cuda():
+        pytest.skip("a CPU build of torch looks for no CUDA toolkit")
+    import torch
+
+    computed, forget = fresh_toolchain
+    major = int(str(torch.version.cuda).split(".")[0])
+    runtime, pip = _cuda_dir(tmp_path / "cuda", major * 1000), _cuda_dir(tmp_path / "pip", major * 1000, nvcc=True)
+    monkeypatch.setattr(toolchain.cpp_extension(), "CUDA_HOME", runtime)
+    monkeypatch.setattr(toolchain, "pip_cuda_home", lambda: pip)
+    with caplog.at_level("WARNING", logger="kernelkit"):
+        assert toolchain.nvcc() == os.path.join(pip, "bin", "nvcc")
+    assert f"found the CUDA directory {runtime} without bin/nvcc" in caplog.text and pip in caplog.text
+    [finding] = doctor.check_nvcc()
+    assert finding.status == doctor.OK and finding.detail.startswith(os.path.join(pip, "bin", "nvcc"))
+    assert finding.detail.endswith(f"(the CUDA toolkit from PyPI: {runtime} has no bin/nvcc)")
+    assert len(computed) == 1
+    forget()
+    assert toolchain.facts()["cuda_home"] == pip and len(computed) == 1  # nothing changed: read from the cache
+
+    _cuda_dir(tmp_path / "cuda", major * 1000, nvcc=True)  # the full toolkit installed where the runtime was
+    forget()
+    assert toolchain.nvcc() == os.path.join(runtime, "bin", "nvcc") and len(computed) == 2
+    assert toolchain.facts()["cuda_home_without_nvcc"] is None
+    assert doctor.check_nvcc()[0].detail.startswith(os.path.join(runtime, "bin", "nvcc"))
+
+    cuda_h = tmp_path / "cuda" / "include" / "cuda.h"
+    cuda_h.write_text(f"#define CUDA_VERSION {major * 1000 + 10}\n")  # upgraded in place: the same path
+    os.utime(cuda_h, ns=(cuda_h.stat().st_atime_ns, cuda_h.stat().st_mtime_ns + 10**9))
+    forget()
+    assert toolchain.facts()["cuda_toolkit_version"] == f"{major}.1" and len(computed) == 3
+
+
+def test_a_cuda_directory_without_nvcc_and_no_wheels_is_named_by_the_build_and_doctor(
+        tmp_path, monkeypatch, fresh_toolchain):
+    if not toolchain.torch_has_cuda():
+        pytest.skip("a CPU build of torch looks for no CUDA toolkit")
+    runtime = _cuda_dir(tmp_path / "cuda", 13000)
+    monkeypatch.setattr(toolchain.cpp_extension(), "CUDA_HOME", runtime)
+    monkeypatch.setattr(toolchain, "pip_cuda_home", lambda: None)
+    monkeypatch.setattr(toolchain.shutil, "which", lambda name, *a, **k: None)  # no nvcc on PATH either
+    with pytest.raises(toolchain.KernelkitError) as e:
+        toolchain.nvcc()
+    assert str(e.value).startswith(f"nvcc not found: {runtime} is a CUDA directory without bin/nvcc")
+    [finding] = doctor.check_nvcc()
+    assert finding.status == doctor.FAIL and finding.detail.startswith(str(e.value))
+
+
 def test_locks_that_do_not_exclude_are_a_blocking_problem(tmp_path, monkeypatch):
     monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "cache"))
     assert _by_check(doctor.check_cache())["cache locks"].status == doctor.OK

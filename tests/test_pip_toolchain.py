@@ -6,6 +6,7 @@ CUDA_HOME, and torch's own guess (``/usr/local/cuda`` where it exists) cleared b
 CI cost (2 cores): one card build and one small load_inline, ~1-2 min.
 """
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -131,18 +132,26 @@ def test_recorded_toolchain_facts_follow_toolkits_installed_or_removed_later(tmp
     """The facts file is keyed by the environment, which installing NVIDIA's wheels (or a system toolkit) does not
     change: a record made with no compiler is redone once one is installed, one naming a removed toolkit too, and
     one that chose the wheels over a CUDA directory without nvcc once that directory gains one."""
+    def record(home, bare):  # what facts() records about the toolkit, with the files it came from as they are now
+        return {"cuda_home": home, "cuda_home_without_nvcc": bare, "files": toolchain.toolkit_files(home, bare)}
+
     pip, runtime = _toolkit(tmp_path / "pip"), str(tmp_path / "runtime")
     os.makedirs(runtime)
     monkeypatch.setattr(toolchain, "pip_cuda_home", lambda: None)
     assert toolchain.choose_cuda_home(runtime) == (runtime, runtime)
-    assert toolchain._same_toolkit({"cuda_home": None, "cuda_home_without_nvcc": None})
-    assert toolchain._same_toolkit({"cuda_home": runtime, "cuda_home_without_nvcc": runtime})
+    no_toolkit, runtime_only = record(None, None), record(runtime, runtime)
+    assert toolchain._same_toolkit(no_toolkit) and toolchain._same_toolkit(runtime_only)
     monkeypatch.setattr(toolchain, "pip_cuda_home", lambda: pip)
     assert toolchain.choose_cuda_home(runtime) == (pip, runtime)
-    assert not toolchain._same_toolkit({"cuda_home": None, "cuda_home_without_nvcc": None})  # installed since
-    assert not toolchain._same_toolkit({"cuda_home": runtime, "cuda_home_without_nvcc": runtime})
-    assert toolchain._same_toolkit({"cuda_home": pip, "cuda_home_without_nvcc": runtime})
-    assert not toolchain._same_toolkit({"cuda_home": str(tmp_path / "removed"), "cuda_home_without_nvcc": None})
+    assert not toolchain._same_toolkit(no_toolkit)  # installed since
+    assert not toolchain._same_toolkit(runtime_only)
+    wheels = record(pip, runtime)
+    assert toolchain._same_toolkit(wheels)
+    removed = record(_toolkit(tmp_path / "removed"), None)
+    assert toolchain._same_toolkit(removed)
+    shutil.rmtree(tmp_path / "removed")
+    assert not toolchain._same_toolkit(removed)
+    assert not toolchain._same_toolkit({k: v for k, v in wheels.items() if k != "files"})  # a record of before
     _toolkit(tmp_path / "runtime")  # a full toolkit installed where the runtime was: preferred again
-    assert not toolchain._same_toolkit({"cuda_home": pip, "cuda_home_without_nvcc": runtime})
+    assert not toolchain._same_toolkit(wheels)
     assert toolchain.choose_cuda_home(runtime) == (runtime, None)

@@ -126,15 +126,19 @@ class BenchResult:
         return f"bench {self.name} on {self.device_name} [{self.dtype}, {self.timer}{bw}]{host}{self._load_text()}"
 
     def _load_text(self) -> str:
-        """"; threads 1, 2; 2 CPUs, others used up to 1.2, load 2.9 -> 3.1; busy in 3 of 10 timings"."""
+        """"; threads 1, 2; 2 CPUs, others used up to 1.2, its threads waiting for a CPU up to 0.05 on average,
+        load 2.9 -> 3.1; busy in 3 of 10 timings"."""
         if not self.loads:
             return ""
         others = [w["others_cpus"] for w in self.loads if w["others_cpus"] is not None]
+        waited = [w["waited_cpus"] for w in self.loads if w.get("waited_cpus") is not None]
         before, after = (f"{v:.1f}" if v is not None else "?"
                          for v in (self.loads[0]["loadavg_before"], self.loads[-1]["loadavg_after"]))
         busy = sum(1 for w in self.loads if w["busy"])
         return (f"; threads {', '.join(map(str, self.threads))}; {self.loads[0]['cpus']} CPUs"
-                + (f", others used up to {max(others):.1f}" if others else "") + f", load {before} -> {after}"
+                + (f", others used up to {max(others):.1f}" if others else "")
+                + (f", its threads waiting for a CPU up to {max(waited):.2f} on average" if waited else "")
+                + f", load {before} -> {after}"
                 + (f"; busy in {busy} of {len(self.loads)} timings" if busy else ""))
 
     def summary(self) -> str:
@@ -160,7 +164,7 @@ class BenchResult:
     # ratio/ratio_lo/ratio_hi: this contender's time over the first contender's, round by round (paired_ratio)
     CSV_FIELDS = ("name", "device", "dtype", "size", "numel", "threads", "contender", "median_us", "p20_us", "p80_us",
                   "mean_us", "min_us", "reps", "dropped", "timer", "bytes", "gbps", "pct_bw", "ratio", "ratio_lo",
-                  "ratio_hi", "unreliable", "others_cpus", "error")
+                  "ratio_hi", "unreliable", "others_cpus", "waited_cpus", "error")
 
     def to_csv(self, path) -> Path:
         return write_csv([self], path)
@@ -383,9 +387,9 @@ def _timing_options(on_gpu: bool, budget_ms: Optional[float], warmup_ms: Optiona
 def _note_busy(result: BenchResult) -> None:
     busy = [w for w in result.loads if w["busy"]]
     if busy:
+        worst = max(busy, key=lambda w: (w["others_cpus"] or 0) + (w.get("waited_cpus") or 0))
         result.notes.append(f"the machine was busy in {len(busy)} of {len(result.loads)} timings (worst: "
-                            f"{max(busy, key=lambda w: w['others_cpus'] or 0)['busy']}): their ratios are marked "
-                            "unreliable; rerun on an idle machine")
+                            f"{worst['busy']}): their ratios are marked unreliable; rerun on an idle machine")
 
 
 def _bench_size(result: BenchResult, contenders: Dict[str, Callable], args: tuple, size, bytes_moved, bw,
@@ -462,7 +466,8 @@ def _time_window(result: BenchResult, ready: Dict[str, Callable], rows: Dict[str
         if isinstance(outcome, Exception):
             rows[cname]["error"] = _one_line(outcome)
         else:
-            rows[cname].update(outcome.summary(), **({"others_cpus": load.others_cpus} if load else {}))
+            rows[cname].update(outcome.summary(), **({"others_cpus": load.others_cpus,
+                                                      "waited_cpus": load.waited_cpus} if load else {}))
             samples[cname] = outcome.samples_us
     first = result.contenders[0]
     for cname, other in samples.items():

@@ -82,8 +82,9 @@ def choose_cuda_home(system: Optional[str]) -> "tuple[Optional[str], Optional[st
         return system, None
     pip = pip_cuda_home()
     if pip is not None:
-        if system:
-            log.info("kernelkit: %s has no bin/nvcc; compiling with the CUDA toolkit from PyPI at %s", system, pip)
+        if system:  # said once per environment: the choice is recorded with the facts
+            log.warning("kernelkit: found the CUDA directory %s without bin/nvcc (a CUDA runtime, not the toolkit) "
+                        "and the CUDA toolkit from PyPI at %s: compiling with the latter", system, pip)
         return pip, system
     return system, system
 
@@ -196,7 +197,35 @@ def _compute_facts() -> Dict[str, object]:
         "cuda_toolkit_version": _toolkit_version(home),
         "cxx_std": _torch_cxx_standard(_paths(ce.include_paths, "cpu")),
         "python_include": sysconfig.get_paths()["include"],
+        "files": toolkit_files(home, bare),
     }
+
+
+#: torch's guess at CUDA_HOME where neither CUDA_HOME, CUDA_PATH nor an nvcc on PATH names one (Linux)
+TORCH_DEFAULT_CUDA_HOME = "/usr/local/cuda"
+
+
+def _file_identity(path: str) -> str:
+    """A file's size and mtime, or "absent" (a stat, no read)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "absent"
+    return f"{st.st_size}:{st.st_mtime_ns}"
+
+
+def toolkit_files(home: Optional[str], bare: Optional[str]) -> Dict[str, str]:
+    """The files the CUDA facts came from, or whose arrival would change them, with their size and mtime: the
+    chosen toolkit's nvcc and cuda.h (an upgrade in place changes its version and headers), the nvcc of a
+    directory passed over and of torch's default guess, and, where the chosen directory has no nvcc, the nvcc
+    PATH finds (a toolkit installed since). A few stats: cheap enough to check on every cold facts read."""
+    paths = [os.path.join(d, "bin", "nvcc") for d in (home, bare, TORCH_DEFAULT_CUDA_HOME) if d]
+    paths += [os.path.join(home, "include", "cuda.h")] if home else []
+    files = {p: _file_identity(p) for p in dict.fromkeys(paths)}
+    if not has_nvcc(home):
+        on_path = shutil.which("nvcc")
+        files["PATH:nvcc"] = f"{on_path}:{_file_identity(on_path)}" if on_path else "absent"
+    return files
 
 
 def _same_toolkit(stored: Dict[str, object]) -> bool:
@@ -205,6 +234,8 @@ def _same_toolkit(stored: Dict[str, object]) -> bool:
     passed over for it still has none; where none had nvcc, none has been installed from PyPI since (only
     that case pays for looking)."""
     home, bare = stored["cuda_home"], stored["cuda_home_without_nvcc"]
+    if stored.get("files") != toolkit_files(home, bare):  # a file they came from changed, or a toolkit arrived
+        return False
     if has_nvcc(home):
         return not has_nvcc(bare)
     return (home is None or os.path.isdir(home)) and pip_cuda_home() is None
@@ -280,7 +311,8 @@ def facts_key() -> str:
 def facts() -> Dict[str, object]:
     """torch's include/library paths, CUDA_HOME and nvcc flags. Importing torch.utils.cpp_extension
     (it imports setuptools) costs ~0.2 s, so a warm load reads them from a small record in the cache,
-    keyed by everything they depend on (``facts_key``)."""
+    keyed by the environment they depend on (``facts_key``) and trusted only while the files they came from
+    are unchanged (``toolkit_files``, ``_same_toolkit``)."""
     key = facts_key()
     lists = ("include_cpu", "include_cuda", "lib_cpu", "lib_cuda", "nvcc_flags", "pybind_flags")
     optional = ("cuda_home", "cuda_home_without_nvcc", "cuda_toolkit_version")
