@@ -209,6 +209,22 @@ NCU = PathSetting("KERNELKIT_NCU", None, "Nsight Compute's ncu for kernelkit.pro
 COMPILE_COMMANDS = PathSetting("KERNELKIT_COMPILE_COMMANDS", None, "a directory where every build updates "
                                "compile_commands.json (and .clangd) for editors, as kernelkit ide writes them",
                                shown="none")
+# a build cache a team or fleet shares (jit.remote; docs/remote-cache.md): read through and written through
+REMOTE_CACHE = Setting("KERNELKIT_REMOTE_CACHE", "", "a shared build cache behind the local one: file:///path, "
+                       "s3://bucket/prefix (any fsspec URL) or redis://host:port/db", shown="none")
+REMOTE_CACHE_MODE = Choice("KERNELKIT_REMOTE_CACHE_MODE", "readwrite", "read: only fetch from the remote cache, "
+                           "write: only publish to it, readwrite: both", choices=("read", "write", "readwrite"))
+REMOTE_CACHE_REQUIRE = Flag("KERNELKIT_REMOTE_CACHE_REQUIRE", False, "on: a library neither cache holds raises "
+                            "instead of being compiled")
+REMOTE_CACHE_TIMEOUT = Number("KERNELKIT_REMOTE_CACHE_TIMEOUT", 5.0, "seconds a request to the remote cache may "
+                              "take; one that does not answer is not asked again by the process")
+REMOTE_CACHE_SECRET = PathSetting("KERNELKIT_REMOTE_CACHE_SECRET", None, "a file holding the team secret that signs "
+                                  "and verifies remote cache entries (HMAC-SHA256)", shown="none")
+REMOTE_CACHE_SIGNING_KEY = PathSetting("KERNELKIT_REMOTE_CACHE_SIGNING_KEY", None, "an ed25519 private key file "
+                                       "(kernelkit cache keygen) that signs the entries this process publishes",
+                                       shown="none")
+REMOTE_CACHE_TRUSTED_KEYS = PathList("KERNELKIT_REMOTE_CACHE_TRUSTED_KEYS", (), "ed25519 public key files whose "
+                                     "signatures a reader accepts, separated by os.pathsep", shown="none")
 AOT = Flag("KERNELKIT_AOT", False, "pip install/wheel of this tree builds the cards ahead of time (setup.py)")
 AOT_OPS = Setting("KERNELKIT_AOT_OPS", "", "the cards KERNELKIT_AOT builds, separated by commas or blanks",
                   shown="all")
@@ -222,7 +238,9 @@ SETTINGS: Dict[str, Setting] = {s.name: s for s in (
     CACHE_DIR, KERNELS_PATH, PREBUILT_PATH, ARCH, NVCC, COMPILER_LAUNCHER, LOCK_TIMEOUT, CACHE_MAX_AGE_DAYS,
     CACHE_MAX_SIZE, VERBOSE,
     FAST, PCH, DTYPE_SHARDS, LINK_STAND_INS, DEVICE_REBUILD, TORCH_CU, FASTCALL, PATCH_TORCH, CAPTURE, REPORT, NCU,
-    COMPILE_COMMANDS, AOT, AOT_OPS, AOT_KERNELS_DIR, AOT_BUILD_DIR)}
+    COMPILE_COMMANDS, REMOTE_CACHE, REMOTE_CACHE_MODE, REMOTE_CACHE_REQUIRE, REMOTE_CACHE_TIMEOUT,
+    REMOTE_CACHE_SECRET, REMOTE_CACHE_SIGNING_KEY, REMOTE_CACHE_TRUSTED_KEYS, AOT, AOT_OPS, AOT_KERNELS_DIR,
+    AOT_BUILD_DIR)}
 _BUILD_SETTINGS = tuple(s for s in SETTINGS.values() if s.changes_build)
 
 

@@ -25,6 +25,10 @@ OTHER = {
     "KERNELKIT_FASTCALL": "off", "KERNELKIT_PATCH_TORCH": "yes", "KERNELKIT_CAPTURE": "launch", "KERNELKIT_REPORT": "0",
     "KERNELKIT_NCU": "/opt/ncu", "KERNELKIT_COMPILE_COMMANDS": "/tmp/kk-ide", "KERNELKIT_AOT": "1", "KERNELKIT_AOT_OPS": "sigmoid",
     "KERNELKIT_AOT_KERNELS_DIR": "/tmp/kk-aot-cards", "KERNELKIT_AOT_BUILD_DIR": "/tmp/kk-aot-build",
+    "KERNELKIT_REMOTE_CACHE": "s3://team-bucket/kk", "KERNELKIT_REMOTE_CACHE_MODE": "read",
+    "KERNELKIT_REMOTE_CACHE_REQUIRE": "1", "KERNELKIT_REMOTE_CACHE_TIMEOUT": "2.5",
+    "KERNELKIT_REMOTE_CACHE_SECRET": "/tmp/kk-secret", "KERNELKIT_REMOTE_CACHE_SIGNING_KEY": "/tmp/kk-signing.key",
+    "KERNELKIT_REMOTE_CACHE_TRUSTED_KEYS": "/tmp/kk-a.pub",
 }
 
 

@@ -77,6 +77,34 @@ def cmd_cache(args) -> int:
         print(f"removed {cache.gc(args.max_age_days, max_bytes=cache.max_bytes())}")
     elif args.action == "verify":
         return _cache_verify(args)
+    elif args.action == "keygen":
+        return _cache_keygen(args)
+    elif args.action == "why":
+        return _cache_why(args)
+    return 0
+
+
+def _cache_why(args) -> int:
+    """``kernelkit cache why CARD``: whether the caches hold the card's build, and what differs from the remote
+    cache's nearest entry (docs/remote-cache.md)."""
+    if not args.path:
+        raise KernelkitError("kernelkit cache why CARD: name the card")
+    from ..jit import cards, plan, remote
+
+    card = cards.find(args.path, args.kernels_dir)
+    target = plan.plan_card(card, args.arch, [], [], [], [])
+    print(remote.why(target))
+    return 0
+
+
+def _cache_keygen(args) -> int:
+    """``kernelkit cache keygen DIR``: an ed25519 pair that signs and verifies a remote cache's entries."""
+    if not args.path:
+        raise KernelkitError("kernelkit cache keygen DIR: name the directory to write the key pair to")
+    from ..jit import remote
+
+    private, public = remote.keygen(Path(args.path))
+    print(f"wrote {private} (the writers' signing key: keep it secret) and {public} (hand it to the readers)")
     return 0
 
 
@@ -87,7 +115,9 @@ def _entries_text(rows: List[dict]) -> str:
     lines = [f"{'name':<24} {'key':<16} {'size':>9} {'built in':>9}  {'last used':<16}  origin"]
     for r in rows:
         secs = f"{r['build_seconds']:.1f} s" if r["build_seconds"] is not None else "-"
-        origin = "built here" if r.get("received_from_rank") is None else f"received from rank {r['received_from_rank']}"
+        origin = ("built here" if r.get("received_from_rank") is None else f"received from rank {r['received_from_rank']}")
+        if r.get("fetched_from"):
+            origin = f"fetched from {r['fetched_from']}"
         lines.append(f"{r['name']:<24} {r['key']:<16} {_size(r['size']):>9} {secs:>9}  {_when(r['last_used']):<16}  {origin}")
     return "\n".join(lines)
 
@@ -281,7 +311,12 @@ def _add_cards_and_cache(sub) -> None:
     ls.set_defaults(func=cmd_list)
 
     c = sub.add_parser("cache", help="inspect or clean the build cache")
-    c.add_argument("action", choices=["list", "info", "tuned", "clear", "gc", "verify"])
+    c.add_argument("action", choices=["list", "info", "tuned", "clear", "gc", "verify", "keygen", "why"])
+    c.add_argument("path", nargs="?", help="keygen: the directory to write a remote cache's signing key pair to; "
+                   "why: the card whose build the local and remote caches hold or not, and why (docs/remote-cache.md)")
+    c.add_argument("--arch", type=harness_commands.arch_spec, help="why: CUDA archs, e.g. '9.0' (default: the "
+                   "current GPU, else 9.0)")
+    c.add_argument("--kernels-dir", help="why: directory of cards (default: KERNELKIT_PATH + built-in)")
     c.add_argument("--fix", action="store_true", help="verify: remove the corrupt entries it finds")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.add_argument("--max-age-days", type=_days, default=30.0, help="gc: remove entries unused this long")

