@@ -14,7 +14,7 @@ import pytest
 
 import kernelkit
 from kernelkit import settings
-from kernelkit.editors import signatures
+from kernelkit.editors import headers, signatures
 from kernelkit.frontends import cli
 from kernelkit.jit import cache
 from kernelkit.jit import commands as compile_commands
@@ -25,10 +25,7 @@ TWICE_CU = """\
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAStream.h>
 
-__global__ void kk_ide_twice_kernel(float* x, int64_t n) {
-  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (i < n) x[i] *= 2.0f;
-}
+#include "detail/kk_ide_twice.cuh"
 
 at::Tensor kk_ide_twice(at::Tensor x) {
   TORCH_CHECK(x.is_cuda(), "kk_ide_twice: x must be a CUDA tensor");
@@ -36,6 +33,16 @@ at::Tensor kk_ide_twice(at::Tensor x) {
   kk_ide_twice_kernel<<<(unsigned)((n + 255) / 256), 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
       x.data_ptr<float>(), n);
   return x;
+}
+"""
+
+# the extension's local header, in a folder of its own (clangd's guess for it would be any entry's command)
+TWICE_CUH = """\
+#pragma once
+
+__global__ void kk_ide_twice_kernel(float* x, int64_t n) {
+  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= 2.0f;
 }
 """
 
@@ -100,6 +107,25 @@ def _clangd():
     return path
 
 
+def _clangd_check(path: Path, proj: Path) -> str:
+    """clangd's log of opening ``path`` with the database in ``proj``, asserted free of errors (clangd's
+    per-token feature tests left out: they are clangd's own, and slow)."""
+    clangd = _clangd()
+    out = subprocess.run([clangd, f"--check={path}", f"--compile-commands-dir={proj}", "--check-locations=false"],
+                         capture_output=True, text=True, timeout=600, cwd=proj)
+    log = out.stdout + out.stderr
+    errors = [line for line in log.splitlines() if re.match(r"E\[[\d:.]+\] \[", line)]
+    assert errors == [] and "All checks completed, 0 errors" in log, log[-3000:]
+    return log
+
+
+def _from_database(log: str) -> str:
+    """The command clangd took from the database for the file it checked (not one it guessed from another's)."""
+    m = re.search(r"Compile command from CDB is: (.*)", log)
+    assert m, log[-3000:]
+    return m.group(1)
+
+
 def _mypy(files, typings: Path, cwd: Path) -> subprocess.CompletedProcess:
     if _tool("mypy") is None:
         pytest.skip("no mypy: pip install mypy (the dev extra)")
@@ -117,6 +143,8 @@ def split_project(tmp_path_factory):
     proj = tmp_path_factory.mktemp("ide_proj")
     src = proj / "kk_ide_twice.cu"
     src.write_text(TWICE_CU)
+    (proj / "detail").mkdir()
+    (proj / "detail" / "kk_ide_twice.cuh").write_text(TWICE_CUH)
     info = kernelkit.load("kk_ide_twice", [str(src)], arch="9.0", is_python_module=False, load=False)
     assert cli.main(["ide", "kk_ide_twice", "--out", str(proj)]) == 0
     return proj, src, info
@@ -126,7 +154,8 @@ def split_project(tmp_path_factory):
 def test_the_database_has_the_users_cu_with_the_command_kernelkit_ran(split_project):
     proj, src, info = split_project
     db = json.loads((proj / "compile_commands.json").read_text())
-    assert [e["file"] for e in db] == [str(src)]  # the user's file, not the split's generated TUs
+    header = proj / "detail" / "kk_ide_twice.cuh"
+    assert [e["file"] for e in db] == [str(src), str(header)]  # the user's files, not the split's generated TUs
     (key,) = [u["key"] for u in cache.read_manifest(info.path.parent)["units"]]
     record = cache.read_record("commands", key)
     assert db[0]["arguments"] == record["arguments"]
@@ -138,15 +167,64 @@ def test_the_database_has_the_users_cu_with_the_command_kernelkit_ran(split_proj
 
 @pytest.mark.cuda_build
 def test_clangd_parses_the_split_cu_with_no_errors(split_project):
-    clangd = _clangd()
+    _clangd()
     proj, src, _ = split_project
     assert "--cuda-gpu-arch=sm_90" in (proj / ".clangd").read_text()
-    out = subprocess.run([clangd, f"--check={src}", f"--compile-commands-dir={proj}"], capture_output=True,
-                         text=True, timeout=600, cwd=proj)
-    log = out.stdout + out.stderr
-    assert re.search(r"Compile command from CDB is: .*nvcc", log), log[-3000:]  # it read kernelkit's command
-    errors = [line for line in log.splitlines() if re.match(r"E\[[\d:.]+\] \[", line)]
-    assert errors == [] and "All checks completed, 0 errors" in log, log[-3000:]
+    assert "nvcc" in _from_database(_clangd_check(src, proj))  # it read kernelkit's command
+
+
+@pytest.mark.cuda_build
+def test_clangd_parses_the_extensions_local_header_with_its_cus_flags(split_project):
+    """A header gets an entry of its own: the .cu's command on it, as CUDA, after what the .cu includes first."""
+    _clangd()
+    proj, src, _ = split_project
+    header = proj / "detail" / "kk_ide_twice.cuh"
+    (entry,) = [e for e in json.loads((proj / "compile_commands.json").read_text()) if e["file"] == str(header)]
+    args = entry["arguments"]
+    assert args[-5:-2] == ["-x", "cuda", str(header)] and "-DTORCH_EXTENSION_NAME=kk_ide_twice" in args
+    assert args[args.index("-include") + 1] == "ATen/core/Tensor.h"  # the .cu's torch include, before the header
+    command = _from_database(_clangd_check(header, proj))
+    assert "nvcc" in command and "-x cuda" in command
+
+
+# ------------------------------------------------------------------------------------------- a real card
+@pytest.fixture(scope="module")
+def card_project(tmp_path_factory):
+    """The vector_add card's own files (a line added, so that its build is this project's: the cache keeps an
+    object's command under the path that first compiled it), built, and `kernelkit ide`'s output at the root."""
+    proj = tmp_path_factory.mktemp("ide_card")
+    cards = proj / "cards"
+    cards.mkdir()
+    here = Path(__file__).resolve().parent.parent / "kernels"  # the built-in cards
+    for suffix in (".cu", ".h", ".py"):
+        text = (here / f"vector_add{suffix}").read_text()
+        (cards / f"vector_add{suffix}").write_text(text + ("" if suffix == ".py" else f"// {proj.name}\n"))
+    kernelkit.load("vector_add", kernels_dir=str(cards), arch="9.0", load=False)
+    assert cli.main(["ide", "vector_add", "--out", str(proj)]) == 0
+    return proj, cards
+
+
+@pytest.mark.cuda_build
+def test_clangd_parses_a_cards_cu_with_no_errors(card_project):
+    _clangd()
+    proj, cards = card_project
+    assert "nvcc" in _from_database(_clangd_check(cards / "vector_add.cu", proj))
+
+
+@pytest.mark.cuda_build
+def test_clangd_parses_a_cards_header_as_its_binding_includes_it(card_project):
+    """The card's .h is included by its .cu and by the generated binding TU, which defines KERNELKIT_BINDING and
+    includes <kernelkit/binding.h> first: the header's entry does the same, so its torch-facing half is live code
+    to clangd (clangd's own guess, the .cu's command, leaves it out), and it parses with no errors."""
+    _clangd()
+    proj, cards = card_project
+    header = cards / "vector_add.h"
+    (entry,) = [e for e in json.loads((proj / "compile_commands.json").read_text()) if e["file"] == str(header)]
+    args = entry["arguments"]
+    assert args[-5:-2] == ["-x", "c++", str(header)] and "-DKERNELKIT_BINDING=1" in args
+    assert Path(args[args.index("-include") + 1]).name == "binding.h"
+    command = _from_database(_clangd_check(header, proj))
+    assert "-DKERNELKIT_BINDING=1" in command and "kernelkit/binding.h" in command
 
 
 def test_the_clangd_config_removes_what_clang_lacks_and_adds_what_nvcc_implies(tmp_path):
@@ -177,6 +255,33 @@ def test_a_users_own_clangd_config_is_left_alone_and_merging_keeps_other_files(t
     assert notes and "-lineinfo" in notes[0]
     db = json.loads((tmp_path / "compile_commands.json").read_text())
     assert [e["file"] for e in db] == [str(other), cu["file"]]  # kept, added; a vanished file's entry dropped
+
+
+def test_each_local_header_gets_an_including_tus_command_and_what_comes_before_it(tmp_path):
+    """A .cuh takes the nvcc TU's command, a .h a C++ TU's (as a card's binding includes its header), with the
+    includer's #defines and #includes before it (outside an #if) as flags; a header through a header too."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "k.cuh").write_text('#pragma once\n#include "sub/c.h"\n')
+    (tmp_path / "b.h").write_text('#pragma once\n#define INNER(x) x\n#include "sub/c.h"\n')
+    (tmp_path / "sub" / "c.h").write_text("#pragma once\n")
+    (tmp_path / "a.cu").write_text('#include <cstdint>\n#include "k.cuh"\n#include "b.h"\n')
+    (tmp_path / "bind.cpp").write_text('#define KK_B 1\n#define KK_F(x) x\n#ifdef KK_NO\n#include "k.cuh"\n'
+                                       '#endif\n#include "k.cuh"\n#include "b.h"\n')
+    cu = {"directory": str(tmp_path), "file": str(tmp_path / "a.cu"),
+          "arguments": ["/cuda/bin/nvcc", "-O3", f"-I{tmp_path}", "-c", str(tmp_path / "a.cu"), "-o", "a.o"]}
+    cpp = {"directory": str(tmp_path), "file": str(tmp_path / "bind.cpp"),
+           "arguments": ["c++", "-DX", "-c", str(tmp_path / "bind.cpp"), "-o", "b.o"]}
+    got = {Path(str(e["file"])).relative_to(tmp_path).as_posix(): e["arguments"] for e in headers.entries([cu, cpp])}
+    assert got["k.cuh"] == ["/cuda/bin/nvcc", "-O3", f"-I{tmp_path}", "-include", "cstdint", "-c", "-x", "cuda",
+                            str(tmp_path / "k.cuh"), "-o", "a.o"]
+    assert got["b.h"] == ["c++", "-DX", "-DKK_B=1", "-include", str(tmp_path / "k.cuh"), "-c", "-x", "c++",
+                          str(tmp_path / "b.h"), "-o", "b.o"]
+    # c.h, a .h reached through headers only: the C++ TU's chain, through k.cuh (its first include there)
+    assert got["sub/c.h"][:3] == ["c++", "-DX", "-DKK_B=1"]
+    assert got["sub/c.h"][-6:] == ["-c", "-x", "c++", str(tmp_path / "sub" / "c.h"), "-o", "b.o"]
+    assert set(got) == {"k.cuh", "b.h", "sub/c.h"}  # <cstdint> is the system's
+    listed = {**cpp, "file": str(tmp_path / "b.h")}  # a file the database lists as a TU gets no header entry
+    assert str(tmp_path / "b.h") not in {e["file"] for e in headers.entries([cu, listed])}
 
 
 def test_every_build_updates_the_database_where_the_setting_names_a_directory(tmp_path, monkeypatch):
@@ -252,12 +357,15 @@ def test_mypy_accepts_right_calls_and_rejects_wrong_ones(typed_project):
         ops.kk_ide_scale_pair(x, 2)
         kk_ide_ext.axpy(x, "y")
         s: str = kk_ide_ext.axpy(x, x)
+        ops.kk_ide_scale()
+        kk_ide_ext.axpy(x)
+        kk_ide_ext.halves(x, "0")
         """))
     ok = _mypy([script], typed_project / "typings", typed_project)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     bad = _mypy([wrong], typed_project / "typings", typed_project)
     lines = sorted({int(m) for m in re.findall(r"^wrong\.py:(\d+): error", bad.stdout, re.M)})
-    assert bad.returncode == 1 and lines == [7, 8, 9, 10, 11], bad.stdout + bad.stderr
+    assert bad.returncode == 1 and lines == [7, 8, 9, 10, 11, 12, 13, 14], bad.stdout + bad.stderr
 
 
 @pytest.mark.parametrize("doc, expected", [

@@ -8,7 +8,7 @@ from pathlib import Path
 HELP = "write compile_commands.json and .pyi stubs of the builds, for clangd and type checkers"
 DESCRIPTION = (
     "Write compile_commands.json (each translation unit with the command kernelkit ran; a split torch .cu under its "
-    "own path) and a .clangd that lets clangd take nvcc's commands into DIR, and .pyi stubs into DIR/typings: "
+    "own path; each local header they include, with an including TU's flags) and a .clangd that lets clangd take nvcc's commands into DIR, and .pyi stubs into DIR/typings: "
     "kernelkit/ops.pyi from each op's schema, <name>.pyi for each torch-style extension module from pybind11's "
     "signatures. Point pyright's stubPath or mypy's mypy_path at DIR/typings. Reads the cache: build or load first. "
     "Set KERNELKIT_COMPILE_COMMANDS=DIR to keep the database current on every build.")
@@ -22,7 +22,8 @@ def cmd_ide(args) -> int:
     except OSError as e:
         print(f"kernelkit ide: cannot write into {args.out}: {e}", file=sys.stderr)
         return 1
-    print(f"{done.database}: {done.files} file(s) of {', '.join(done.builds) or 'no build'}")
+    print(f"{done.database}: {done.files} file(s) and {done.headers} header(s) of "
+          f"{', '.join(done.builds) or 'no build'}")
     for path in done.stubs:
         print(f"{path}")
     if done.unrecorded:
