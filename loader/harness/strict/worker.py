@@ -236,7 +236,8 @@ def run(plan: dict, writer: Writer) -> None:
     """Import the op (its build counts as "built"), then the check calls and the timing groups."""
     device = torch.device(plan["device"])
     if device.type == "cuda":
-        torch.cuda.set_device(device)
+        if device.index is not None:  # plain "cuda" is the current device (set_device refuses it)
+            torch.cuda.set_device(device)
     else:
         torch.set_num_threads(1)  # on a shared CPU, torch's threads wait on each other for whole scheduler slices
     guards.import_watched()
