@@ -177,16 +177,26 @@ def reset_persisting_l2(stream: Optional[torch.cuda.Stream] = None) -> Optional[
     return f"resetting persisting L2 failed: {bad[0]!r}" if bad else None
 
 
-def persisting_l2_state(stream: Optional[torch.cuda.Stream] = None) -> Optional[str]:
-    """What the op left set: a persisting L2 limit or an access-policy window on the current stream (None if
+def persisting_l2_limit() -> int:
+    """The device's persisting L2 limit now (0 where it cannot be read)."""
+    rt = _runtime()
+    if rt is None:
+        return 0
+    err, limit = rt.cudaDeviceGetLimit(rt.cudaLimit.cudaLimitPersistingL2CacheSize)
+    return limit if err == rt.cudaError_t.cudaSuccess else 0
+
+
+def persisting_l2_state(stream: Optional[torch.cuda.Stream] = None, limit_before: int = 0) -> Optional[str]:
+    """What the op left set: a persisting L2 limit above ``limit_before`` (the limit is the device's: another
+    process on the GPU may have set one already) or an access-policy window on the current stream (None if
     neither, or if it cannot be read)."""
     rt = _runtime()
     if rt is None:
         return None
     stream = stream or torch.cuda.current_stream()
     found = []
-    err, limit = rt.cudaDeviceGetLimit(rt.cudaLimit.cudaLimitPersistingL2CacheSize)
-    if err == rt.cudaError_t.cudaSuccess and limit:
+    limit = persisting_l2_limit()
+    if limit > limit_before:
         found.append(f"a persisting L2 limit of {limit} bytes")
     window = rt.cudaStreamAttrID.cudaLaunchAttributeAccessPolicyWindow
     err, value = rt.cudaStreamGetAttribute(stream.cuda_stream, window)

@@ -80,6 +80,7 @@ class Runner:
         if timed and self.cuda:
             l2_problem = guards.reset_persisting_l2()
             self.flush.zero_()
+        l2_before = guards.persisting_l2_limit() if self.cuda else 0
         t0 = _CLOCK()
         if self.cuda:
             _RECORD(start)
@@ -100,7 +101,7 @@ class Runner:
             d0 = _CLOCK()
             _SYNC()
             found["drain_us"] = (_CLOCK() - d0) * 1e6
-            found["l2"] = guards.persisting_l2_state()
+            found["l2"] = guards.persisting_l2_state(limit_before=l2_before)
             if timed and l2_problem:
                 found["note"] = l2_problem
         else:
