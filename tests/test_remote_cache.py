@@ -64,17 +64,33 @@ def _stop(proc: subprocess.Popen, grace: float = 10) -> None:
         proc.wait()
 
 
-def _start_redis(workdir: Path):
+@contextlib.contextmanager
+def _server(cmd, port: int, seconds: float, why: str, ready=lambda: True, grace: float = 10, log=None, env=None):
+    """A server process started from ``cmd`` (its output into the file ``log``, else discarded; ``env``: its
+    environment, else this process's), stopped on leaving. Unavailable (skipped, or failed where required) unless
+    ``port`` opens within ``seconds`` and ``ready()`` holds then; ``why`` says so, with the log's tail."""
+    with open(log, "wb") if log else contextlib.nullcontext(subprocess.DEVNULL) as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        if not (_wait_for_port(port, proc, seconds) and ready()):
+            _stop(proc, grace)
+            _unavailable(f"{why}: {Path(log).read_text()[-2000:]}" if log else why)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            _stop(proc, grace)
+
+
+@contextlib.contextmanager
+def _redis(workdir: Path):
+    """A Redis server's URL, on a free port of the loopback, for the ``with`` block."""
     binary = shutil.which("redis-server")
     if binary is None:
-        return None, "no redis-server on PATH (apt-get install redis-server)"
+        _unavailable("no redis-server on PATH (apt-get install redis-server)")
     port = _free_port()
-    proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-                             "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    if not _wait_for_port(port, proc, 20):
-        _stop(proc)
-        return None, "redis-server did not start"
-    return proc, f"redis://127.0.0.1:{port}/0"
+    with _server([binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+                  "--dir", str(workdir)], port, 20, "redis-server did not start"):
+        yield f"redis://127.0.0.1:{port}/0"
 
 
 @pytest.fixture(scope="module")
@@ -83,11 +99,8 @@ def redis_url(tmp_path_factory):
     if os.environ.get("KK_TEST_REDIS_URL"):
         yield os.environ["KK_TEST_REDIS_URL"]
         return
-    proc, url = _start_redis(tmp_path_factory.mktemp("redis"))
-    if proc is None:
-        _unavailable(url)
-    yield url
-    _stop(proc)
+    with _redis(tmp_path_factory.mktemp("redis")) as url:
+        yield url
 
 
 def _weed() -> str:
@@ -110,33 +123,20 @@ def s3_url(tmp_path_factory):
              "s3.port", "s3.port.grpc"]
     cmd = [_weed(), "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-filer", "-s3",
            "-master.volumeSizeLimitMB=64", "-volume.max=4", "-s3.port.iceberg=0", "-s3.port.lance=0", *[f"-{n}={p}" for n, p in zip(names, ports)]]
-    with open(data / "weed.log", "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    endpoint = f"http://127.0.0.1:{ports[6]}"
-    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "kk", "AWS_SECRET_ACCESS_KEY": "kk",
-           "AWS_DEFAULT_REGION": "us-east-1"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        if not _bucket_ready(proc, ports[6]):
-            _stop(proc, grace=2)
-            _unavailable(f"SeaweedFS did not start: {(data / 'weed.log').read_text()[-2000:]}")
-        yield "s3://kk-remote-cache/team"
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        if proc.poll() is None:
-            _stop(proc, grace=2)  # its data is thrown away: no need to wait for a clean shutdown
+    server_env = dict(os.environ)  # the server runs without the AWS_* variables its clients get
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{ports[6]}", "AWS_ACCESS_KEY_ID": "kk",
+                     "AWS_SECRET_ACCESS_KEY": "kk", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+            mp.setenv(k, v)
+        # its data is thrown away: no need to wait long for a clean shutdown
+        with _server(cmd, ports[6], 60, "SeaweedFS did not start", ready=_bucket_ready, grace=2,
+                     log=data / "weed.log", env=server_env):
+            yield "s3://kk-remote-cache/team"
 
 
-def _bucket_ready(proc, port) -> bool:
+def _bucket_ready() -> bool:
     import fsspec
 
-    if not _wait_for_port(port, proc, 60):
-        return False
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # the gateway listens before its filer and volumes are ready
         try:
@@ -464,14 +464,9 @@ def test_a_store_that_does_not_answer_costs_its_timeout_once(env, tmp_path, keys
 
 def test_a_store_that_is_gone_falls_back_to_a_local_build(env, tmp_path, keys, caplog):
     pytest.importorskip("redis")
-    proc, url = _start_redis(tmp_path)
-    if proc is None:
-        _unavailable(url)
-    try:
+    with _redis(tmp_path) as url:
         setup_remote(env, url, secret=keys["secret"], timeout="2")
         obtain.obtain(make_target(tmp_path / "a", 1))  # published while it is up
-    finally:
-        _stop(proc)
     fresh_local_cache(env, tmp_path, "cache-reader")
     target = make_target(tmp_path / "a", 1)
     t0 = time.monotonic()

@@ -21,7 +21,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import time
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -29,7 +28,6 @@ from .. import errors as _errors
 from ..errors import BuildError, KernelkitError
 from . import cache, keys, obtain, toolchain
 from .progress import say
-from .sources import sha256_file
 from .units import Target
 
 __all__ = ["node_group", "check_group", "STATS"]
@@ -156,30 +154,10 @@ def library_artifact(target: Target, prebuilt_ok: bool) -> _Artifact:
         return (so, cached, seconds), so, {"build_seconds": round(seconds, 3)}
 
     def publish(data: bytes, info: dict):
-        with cache.locked(cache.library_lock(target.name, target.key), target.name):
-            so = cache.verified_library(target.name, target.key, held=True)
-            if so is None:  # the same entry layout as a local build, so gc/verify/list treat it alike
-                tmp = cache.private_tmpdir(f"lib-{target.name}-")
-                try:
-                    out = tmp / target.so_name
-                    with cache.writing(out):
-                        out.write_bytes(data)
-                    manifest = {
-                        "name": target.name, "key": target.key, "so": target.so_name, "sha256": sha256_file(out),
-                        "created": time.time(), "build_seconds": info.get("build_seconds"),
-                        "pymodule": target.pymodule, "units": [{"file": u.display, "key": u.key} for u in target.units],
-                        "fingerprint": toolchain.fingerprint(), "received_from_rank": info.get("from_rank"),
-                    }
-                    cache.write_manifest(tmp, manifest)
-                    os.chmod(out, 0o700)
-                    os.chmod(tmp, 0o700)
-                    cache.publish_library(tmp, target.name, target.key)
-                except BaseException:
-                    import shutil
-
-                    shutil.rmtree(tmp, ignore_errors=True)
-                    raise
-                so = cache.verified_library(target.name, target.key, held=True)
+        so = cache.land_library(target, data, {  # the same entry layout as a local build: gc/verify/list alike
+            "build_seconds": info.get("build_seconds"), "fingerprint": toolchain.fingerprint(),
+            "received_from_rank": info.get("from_rank"),
+        })
         if so is None:
             raise KernelkitError(f"{target.name}: the build received from rank {info.get('from_rank')} did not "
                                  "verify once published in this rank's cache")

@@ -60,6 +60,7 @@ from .generated import (
     write_source,
 )
 from .libraries import (
+    land_library,
     library_dir,
     library_lock,
     publish_library,
@@ -78,13 +79,14 @@ from .table import KIND_DIRS
 from .verifying import verify
 
 __all__ = [
-    "CAP_GRACE_SECONDS", "CAP_INTERVAL_SECONDS", "DEFAULT_MAX_AGE_DAYS", "GC_INTERVAL_SECONDS", "KIND_DIRS", "LAYOUT",
-    "PCH_CLAIM", "PCH_META", "STALE_LOCK_SECONDS", "STALE_TMP_SECONDS", "cache_dir", "cached_object", "check_safe",
-    "clear", "discard_source", "drop_pch", "enforce_size_cap", "entries", "gc", "generated_source_key", "info",
-    "is_generated_source", "library_dir", "library_lock", "lock_timeout", "locked", "max_bytes", "maybe_gc",
-    "object_info", "object_path", "pch_problem", "pch_ready", "private_tmpdir", "publish_file", "publish_library",
-    "read_manifest", "read_record", "record_path", "remember_shape", "remove_library", "require_writable",
-    "shaped_object", "source_bytes", "store_entries", "store_object", "store_tune_record", "store_usage", "subdir",
-    "touch_source", "try_flock", "try_locked", "tune_record", "tune_records", "verified_library", "verify",
-    "write_manifest", "write_record", "write_source", "writing",
+    "CAP_GRACE_SECONDS", "CAP_INTERVAL_SECONDS", "DEFAULT_MAX_AGE_DAYS", "GC_INTERVAL_SECONDS", "KIND_DIRS",
+    "LAYOUT", "PCH_CLAIM", "PCH_META", "STALE_LOCK_SECONDS", "STALE_TMP_SECONDS", "cache_dir", "cached_object",
+    "check_safe", "clear", "discard_source", "drop_pch", "enforce_size_cap", "entries", "gc",
+    "generated_source_key", "info", "is_generated_source", "land_library", "library_dir", "library_lock",
+    "lock_timeout", "locked", "max_bytes", "maybe_gc", "object_info", "object_path", "pch_problem", "pch_ready",
+    "private_tmpdir", "publish_file", "publish_library", "read_manifest", "read_record", "record_path",
+    "remember_shape", "remove_library", "require_writable", "shaped_object", "source_bytes", "store_entries",
+    "store_object", "store_tune_record", "store_usage", "subdir", "touch_source", "try_flock", "try_locked",
+    "tune_record", "tune_records", "verified_library", "verify", "write_manifest", "write_record", "write_source",
+    "writing",
 ]

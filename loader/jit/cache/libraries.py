@@ -6,11 +6,13 @@ import contextlib
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Callable, Optional, Tuple
 
-from .files import hash_problem, intact, plain_name, read_json, remove_path, unsafe_is_a_problem
-from .locks import remove_under_lock
+from ..sources import sha256_file
+from .files import hash_problem, intact, plain_name, private_tmpdir, read_json, remove_path, unsafe_is_a_problem
+from .locks import locked, remove_under_lock
 from .root import check_safe, subdir, writing
 
 
@@ -105,3 +107,31 @@ def publish_library(tmpdir: Path, name: str, key: str) -> Path:
             raise
         shutil.rmtree(tmpdir, ignore_errors=True)
     return entry
+
+
+def land_library(target, data: bytes, origin: dict) -> Optional[Path]:
+    """The verified .so for ``target`` (a library fetched or received, its bytes ``data`` checked already), landed
+    in the entry layout of a local build, under the library's lock; an entry another process published meanwhile
+    is used as it is. ``origin``: the manifest's build_seconds, the toolchain fingerprint (the caller's: the
+    toolchain imports the cache) and where the bytes came from (fetched_from and signed_by, received_from_rank)."""
+    with locked(library_lock(target.name, target.key), target.name):
+        so = verified_library(target.name, target.key, held=True)
+        if so is not None:
+            return so
+        tmp = private_tmpdir(f"lib-{target.name}-")
+        try:
+            out = tmp / target.so_name
+            with writing(out):
+                out.write_bytes(data)
+            write_manifest(tmp, {  # build_seconds keeps its place; origin's other fields follow units
+                "name": target.name, "key": target.key, "so": target.so_name, "sha256": sha256_file(out),
+                "created": time.time(), "build_seconds": None, "pymodule": target.pymodule,
+                "units": [{"file": u.display, "key": u.key} for u in target.units], **origin,
+            })
+            os.chmod(out, 0o700)
+            os.chmod(tmp, 0o700)
+            publish_library(tmp, target.name, target.key)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return verified_library(target.name, target.key, held=True)
