@@ -214,6 +214,72 @@ def test_the_host_tu_built_with_its_precompiled_preamble_is_the_same_object(work
     assert (tmp_path / "pch.o").read_bytes() == plain.read_bytes()
 
 
+def test_the_host_tu_compiled_for_its_line_table_reads_its_precompiled_preamble(work, monkeypatch, tmp_path):
+    """A split's host TU is compiled from its preprocessed text (its __LINE__s read from a table); gcc keeps the
+    precompiled preamble there only if it finds the .gch before the header, so the PCH's directory must come
+    first. It once came after the header's own and every host edit parsed torch's headers again (~25 s on 2
+    cores instead of ~11 s) with nothing said. The object is the one compiled without it, byte for byte."""
+    from kernelkit.jit import cache, toolchain
+    from kernelkit.jit.fast import host_lines, split
+
+    if not toolchain.is_gcc():
+        pytest.skip("precompiled headers are used with gcc only")
+    src = work / "relu_extension.cu"
+    target = plan.plan_extension("kk_tcu_pch_lines", [src], arch="9.0")
+    (unit,) = target.units
+    result = split.split_source(src.read_text(), str(src), split.local_headers([work]))
+    part = torch_cu._host_unit(result, unit, split.host_flags(unit.flags))
+    texts = []
+    real = host_lines._preprocess
+
+    def spy(*args):
+        texts.append(real(*args))
+        return texts[-1]
+
+    monkeypatch.setattr(host_lines, "_preprocess", spy)
+    monkeypatch.setenv("KERNELKIT_PCH", "0")
+    key = host_lines.lines_key(part, result.host)
+    first, second = (key[:16] + c * 8 + key[24:] for c in "01")  # the table's name is the key's first 16
+    plain = host_lines._compile(part, result.host, target, first, build)
+    assert cache.object_info(first).get("lines") == "table"  # the tabled path, not a fallback
+    assert not any(host_lines._PCH_PRAGMA in t for t in texts)
+    monkeypatch.setenv("KERNELKIT_PCH", "1")
+    root, gch, cmd = pch.plan(part)
+    if not cache.pch_ready(root):
+        root.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-c", pch._PCH_BUILDER, "0", str(root / f".{gch}.tmp"), str(root / gch),
+                        str(root / cache.PCH_META), *cmd], check=True)  # what the detached builder runs
+    before, texts[:] = dict(running.STATS), []
+    with_pch = host_lines._compile(part, result.host, target, second, build)
+    assert running.STATS["pch_used"] == before["pch_used"] + 1 and running.STATS["pch_rejected"] == before["pch_rejected"]
+    assert len(texts) == 2 and all(host_lines._PCH_PRAGMA in t[:4096] for t in texts)
+    assert _code(with_pch) == _code(plain)
+    assert _data(with_pch, tmp_path / "a") == _data(plain, tmp_path / "b")
+
+
+def _code(obj: Path) -> list:
+    """The object's instructions and relocations, but the ``nop`` gcc -O0 places to hold a line location (gcc
+    places it differently when the preamble comes precompiled into preprocessed text) and the static
+    initializer's local name (gcc names it after the file it compiles)."""
+    listing = subprocess.run(["objdump", "-dr", "--no-show-raw-insn", str(obj)], capture_output=True, text=True,
+                             check=True).stdout
+    out = []
+    for line in listing.splitlines()[2:]:
+        address, colon, rest = line.partition(":\t")
+        if colon and address.strip() and all(c in "0123456789abcdef" for c in address.strip()):
+            line = rest
+        if line.strip() != "nop":
+            out.append(line.replace(obj.name, "").split("_GLOBAL__sub_I_")[0])
+    assert len(out) > 1000, listing[:2000]  # a real object's code, not an empty listing
+    return out
+
+
+def _data(obj: Path, out: Path) -> bytes:
+    """The object's read-only data, as one blob (written to ``out``)."""
+    subprocess.run(["objcopy", "-O", "binary", "--only-section=.rodata*", str(obj), str(out)], check=True)
+    return out.read_bytes()
+
+
 def test_a_cu_without_torch_is_not_touched(tmp_path):
     (tmp_path / "plain.cu").write_text('extern "C" __global__ void k(float* x) { x[0] = 1; }\n')
     (tmp_path / "bind.cpp").write_text("#include <torch/extension.h>\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}\n")

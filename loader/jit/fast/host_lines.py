@@ -16,11 +16,13 @@ same marks (``baked``), and other marks compile the TU again."""
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from ...errors import BuildError
 from .. import cache, keys, running, toolchain, units
+from ..running import count
 from ..sources import digest_tree
 from ..units import Target, Unit
 from . import pch as _pch
@@ -33,6 +35,9 @@ STEP = 1_000  # line i's number moves by STEP * (i + 1) in the second run: any d
 _LINE_BUILTINS = frozenset({"__builtin_LINE", "__builtin_source_location", "source_location", "SourceLocation"})
 #: flags under which the object records source lines itself (debug information)
 _DEBUG_FLAGS = ("-g", "-ggdb", "-g1", "-g2", "-g3", "-gdwarf")
+#: gcc -E -fpch-preprocess's mark of a precompiled header it used, within the text's first bytes
+_PCH_PRAGMA, _PCH_PRAGMA_WITHIN = "#pragma GCC pch_preprocess", 4096
+log = logging.getLogger("kernelkit")
 
 
 
@@ -77,7 +82,7 @@ def _compile(unit: Unit, host: HostTU, target: Target, key: str, core) -> Path:
             tabled = tmp / "tabled.ii"
             tabled.write_text(_tabled(first, sites, name), errors="surrogateescape")
             try:
-                running.run_tool(toolchain.launcher() + [toolchain.cxx(), *unit.flags, *pch, "-c", str(tabled),
+                running.run_tool(toolchain.launcher() + [toolchain.cxx(), *pch, *unit.flags, "-c", str(tabled),
                                                         "-o", str(out)], f"compiling {unit.display}", target,
                                 "compiles")
                 return cache.store_object(key, out, {"display": unit.display, "kind": "cpp", "lines": "table",
@@ -90,10 +95,17 @@ def _compile(unit: Unit, host: HostTU, target: Target, key: str, core) -> Path:
 
 
 def _preprocess(unit: Unit, path: Path, pch: List[str], out: Path, target: Target) -> str:
-    running.run_tool(toolchain.launcher() + [toolchain.cxx(), *unit.flags, *pch, "-E", "-fpch-preprocess",
+    """The TU preprocessed; with ``pch``, its preamble left as gcc's pragma naming the precompiled header (the
+    PCH's directory goes first: gcc takes the first directory holding the header or its .gch)."""
+    running.run_tool(toolchain.launcher() + [toolchain.cxx(), *pch, *unit.flags, "-E", "-fpch-preprocess",
                                             str(path), "-o", str(out)], f"compiling {unit.display}", target,
                     "compiles")
-    return out.read_text(errors="surrogateescape")
+    text = out.read_text(errors="surrogateescape")
+    if pch and _PCH_PRAGMA not in text[:_PCH_PRAGMA_WITHIN]:
+        count("pch_rejected")  # still correct (the header's text is in the output), just not faster
+        log.warning("%s: the precompiled preamble was not used; its host TU is compiled from the header's text",
+                    unit.display)
+    return text
 
 
 def _sites(first: str, second: str, lines: Sequence[int]) -> Optional[List[Tuple[int, int, int]]]:
@@ -173,7 +185,7 @@ def _tabled(first: str, sites: Sequence[Tuple[int, int, int]], name: str) -> str
     text = b"".join(out).decode("utf-8", "surrogateescape")
     decl = f'extern "C" __attribute__((visibility("hidden"))) const int {name}[];\n'
     lines = text.split("\n")
-    at = next((i + 1 for i, ln in enumerate(lines) if ln.startswith("#pragma GCC pch_preprocess")), 0)
+    at = next((i + 1 for i, ln in enumerate(lines) if ln.startswith(_PCH_PRAGMA)), 0)
     return "\n".join(lines[:at] + [decl] + lines[at:])
 
 
