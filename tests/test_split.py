@@ -5,6 +5,7 @@ changes only in its ``#line`` numbers when device code gains or loses lines; lau
 them; and, for a handful of files, a real g++ + nvcc build of both TUs bound and linked against torch."""
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
@@ -193,6 +194,27 @@ def test_the_device_tu_stands_in_for_torchs_umbrella_and_keeps_light_torch_heade
     poly = split_file("const_poly.cu").device  # ATen.h and CUDAContext.h go, CUDAGuard.h stays
     assert "<ATen/ATen.h>" not in poly and "<ATen/cuda/CUDAContext.h>" not in poly
     assert "#include <c10/cuda/CUDAGuard.h>" in poly
+
+
+def test_which_torch_headers_are_heavy_is_found_once_per_torch(tmp_path, monkeypatch):
+    """Finding whether a torch header reaches its heavy API parses up to a few hundred headers; a new process reads
+    the answer from its record instead (and a record without the answer is added to)."""
+    monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(torch_headers, "heavy", functools.lru_cache(maxsize=None)(torch_headers.heavy.__wrapped__))
+    monkeypatch.setattr(torch_headers, "_known", functools.lru_cache(maxsize=None)(torch_headers._known.__wrapped__))
+    assert torch_headers.heavy("<c10/cuda/CUDAException.h>") is False
+    assert torch_headers.heavy("<ATen/cuda/CUDAContext.h>") is True  # reaches ATen/Context.h
+    torch_headers.heavy.cache_clear()
+    torch_headers._known.cache_clear()  # a new process
+
+    def parse(*args):
+        raise AssertionError("parsed torch's headers again")
+
+    monkeypatch.setattr(torch_headers, "_reaches", parse)
+    assert torch_headers.heavy("<c10/cuda/CUDAException.h>") is False
+    assert torch_headers.heavy("<ATen/cuda/CUDAContext.h>") is True
+    with pytest.raises(AssertionError, match="parsed torch's headers again"):
+        torch_headers.heavy("<c10/util/Half.h>")
 
 
 _SCALAR_TYPE_KERNEL = (

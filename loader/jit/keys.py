@@ -274,6 +274,11 @@ def plan_key(parts: Sequence[str]) -> str:
     return _record_key("plans", *parts)
 
 
+def torch_headers_key(fingerprint: str, include_dirs: Sequence[str]) -> str:
+    """Which of an installed torch's headers reach its heavy API (``fast.torch_headers``), by toolchain and dirs."""
+    return _record_key("torch-headers", fingerprint, *include_dirs)[:24]
+
+
 def bandwidth_key(device: str) -> str:
     """A device's measured bandwidth; ``device``: its identity (``harness.bandwidth``)."""
     return _record_key("bandwidth", device)[:24]

@@ -74,6 +74,7 @@ STORES: Tuple[Store, ...] = (
     Store("plans", "plans", recipes=("keys.plan_key",), schema=2, **_RECORD),
     Store("frames", "records/frames", recipes=("keys.build_variant_key",), schema=0, **_RECORD),
     Store("torch-names", "records/torch-names", recipes=("keys.build_variant_key",), schema=0, **_RECORD),
+    Store("torch-headers", "records/torch-headers", recipes=("keys.torch_headers_key",), schema=1, **_RECORD),
     Store("toolchain", "records/toolchain", recipes=("toolchain.facts_key",), schema=8, **_RECORD),
     Store("nvrtc", "records/nvrtc", recipes=("keys.nvrtc_facts_key",), schema=1, **_RECORD),
     Store("launcher", "records/launcher", recipes=("keys.launcher_record_key",), schema=1, **_RECORD),

@@ -10,9 +10,9 @@ import functools
 import subprocess
 from collections import Counter
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Set
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from .. import sources, syntax, toolchain
+from .. import cache, keys, sources, syntax, toolchain
 
 #: where torch's heavy API starts: a header reaching one of these is heavy
 HEAVY = ("ATen/core/TensorBody.h", "ATen/Context.h", "torch/csrc/", "pybind11/", "Python.h", "c10/core/TensorImpl.h")
@@ -22,12 +22,26 @@ MAX_HEADERS = 300
 
 @functools.lru_cache(maxsize=None)
 def heavy(name: str) -> bool:
-    """Whether the include ``name`` (as written, with its delimiters) reaches torch's heavy API."""
+    """Whether the include ``name`` (as written, with its delimiters) reaches torch's heavy API. The answers are
+    kept in a record per torch: finding one parses up to a few hundred headers (~1 s for a process's first split)."""
     bare = name[1:-1]
     if bare.startswith(HEAVY) or bare.startswith(("torch/", "pybind11/")):
         return True
+    key, known = _known()
+    if isinstance(known.get(name), bool):
+        return known[name]
     dirs = [Path(p) for p in toolchain.torch_include_paths(True)]
-    return _reaches(bare, None, dirs, set())
+    found = _reaches(bare, None, dirs, set())
+    known[name] = found
+    cache.write_record("torch-headers", key, known)  # best effort: a read-only cache finds it again next time
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def _known() -> Tuple[str, Dict[str, bool]]:
+    """This torch's record of answers (its key, and the answers, which ``heavy`` adds to)."""
+    key = keys.torch_headers_key(toolchain.fingerprint(), toolchain.torch_include_paths(True))
+    return key, dict(cache.read_record("torch-headers", key))
 
 
 def _reaches(bare: str, here: Path, dirs: List[Path], seen: Set[Path]) -> bool:
