@@ -404,6 +404,180 @@ def test_fail_on_miss_raises_instead_of_compiling(env, tmp_path, store_dir, keys
     assert running.STATS["compiles"] == compiles and libraries() == []
 
 
+# ----------------------------------------------------------------------------------------------- wrong arch
+CU = ('__global__ void k(int* p) {{ *p = {value}; }}\n'
+      'extern "C" __attribute__((visibility("default"))) int f() {{ return {value}; }}\n')
+
+
+def cuda_target(directory: Path, arch=None, value: int = 3) -> units.Target:
+    """A tiny .cu library (a kernel, and a host function ctypes calls) planned as a torch-style extension is:
+    the archs are -gencode flags of its unit, so they are part of its key and of its manifest."""
+    from kernelkit.jit import plan
+
+    directory.mkdir(parents=True, exist_ok=True)
+    src = directory / "f.cu"
+    text = CU.format(value=value)
+    if not src.exists() or src.read_text() != text:
+        src.write_text(text)
+    return plan.plan_extension("f", [src], arch=arch, is_python_module=False)
+
+
+def _store_files(store_dir: Path, key: str) -> dict:
+    return {str(p.relative_to(store_dir)): p.read_bytes() for p in sorted((store_dir / key).rglob("*")) if p.is_file()}
+
+
+def _resign(store_dir: Path, stored_as: str, keys, **changes) -> None:
+    """The entry stored under ``stored_as`` with its manifest's fields changed, signed again by the team secret:
+    what a trusted writer (or one holding the secret) could put there."""
+    entry = json.loads(_entry_at(store_dir, stored_as).read_text())
+    manifest = {**json.loads(entry["manifest"]), **changes}
+    entry["manifest"] = json.dumps(manifest, sort_keys=True)
+    entry["signature"] = signing.Secret(keys["secret"].read_bytes().strip()).sign(entry["manifest"].encode())
+    _entry_at(store_dir, stored_as).write_text(json.dumps(entry))
+
+
+def _entry_at(store_dir: Path, key: str) -> Path:
+    return store_dir / key / "entry.json"
+
+
+@pytest.mark.cuda_build
+def test_an_entry_built_for_another_arch_is_not_loaded(env, tmp_path, store_dir, keys):
+    """An entry published for sm_80; a reader that needs sm_90 (KERNELKIT_ARCH=9.0) has another key, so it misses,
+    says the archs are why, builds its own, and leaves the sm_80 entry as it was."""
+    setup_remote(env, file_url(store_dir), secret=keys["secret"])
+    published = cuda_target(tmp_path / "src", arch="8.0")
+    obtain.obtain(published)
+    assert json.loads(json.loads(_entry_at(store_dir, published.key).read_text())["manifest"])["archs"] == ["sm_80"]
+    before = _store_files(store_dir, published.key)
+    fresh_local_cache(env, tmp_path, "cache-reader")
+    env.setenv(settings.ARCH.name, "9.0")
+    wanted = cuda_target(tmp_path / "src")
+    assert wanted.key != published.key  # the arch is in the key
+    assert "differs in: archs (sm_80 there, sm_90 here)" in remote.why(wanted)
+    env.setenv(settings.REMOTE_CACHE_REQUIRE.name, "1")
+    compiles, counted = counts()
+    with pytest.raises(KernelkitError, match=r"holds no entry of f .* archs \(sm_80 there, sm_90 here\)") as e:
+        obtain.obtain(wanted)
+    assert "\n" not in str(e.value) and running.STATS["compiles"] == compiles and libraries() == []
+    assert remote.STATS["fetched"] == counted["fetched"]
+    env.delenv(settings.REMOTE_CACHE_REQUIRE.name)
+    so, cached, _ = obtain.obtain(wanted)
+    assert not cached and running.STATS["compiles"] == compiles + 1 and so.parent.name.endswith(wanted.key[:16])
+    import torch  # noqa: F401 - the library links torch's libraries; loading needs no GPU
+
+    assert call_f(so) == 3
+    assert _store_files(store_dir, published.key) == before  # the sm_80 entry untouched
+
+
+def _moved_entry(store_dir, keys, published, wanted):
+    """The sm_80 entry copied under the sm_90 key, its manifest's key and library name changed to match (all but its
+    archs: the sm_80 library as the sm_90 entry) and signed again."""
+    shutil.copytree(store_dir / published.key, store_dir / wanted.key)
+    files = json.loads(json.loads(_entry_at(store_dir, wanted.key).read_text())["manifest"])["files"]
+    _resign(store_dir, wanted.key, keys, key=wanted.key, so=wanted.so_name,
+            files=[{**files[0], "name": wanted.so_name}])
+
+
+def _lying_archs(store_dir, keys, published, wanted):
+    """The genuine sm_90 entry, its manifest saying sm_80, signed again."""
+    _resign(store_dir, wanted.key, keys, archs=["sm_80"])
+
+
+@pytest.mark.cuda_build
+@pytest.mark.parametrize("tamper", [_moved_entry, _lying_archs], ids=lambda f: f.__name__.strip("_"))
+def test_a_signed_manifest_whose_arch_is_not_the_readers_is_refused(env, tmp_path, store_dir, keys, tamper, caplog):
+    """A manifest signed by a trusted key, stored under the sm_90 key, whose archs field says sm_80: the signature and
+    the key check pass, the arch check refuses it, and nothing is loaded, landed or changed in the store."""
+    setup_remote(env, file_url(store_dir), secret=keys["secret"])
+    published = cuda_target(tmp_path / "src", arch="8.0")
+    obtain.obtain(published)
+    wanted = cuda_target(tmp_path / "src", arch="9.0")
+    if tamper is _lying_archs:
+        obtain.obtain(wanted)
+    tamper(store_dir, keys, published, wanted)
+    stored = _store_files(store_dir, wanted.key)
+    fresh_local_cache(env, tmp_path, "cache-reader")
+    env.setenv(settings.REMOTE_CACHE_REQUIRE.name, "1")
+    compiles, counted = counts()
+    with pytest.raises(KernelkitError, match=r"it was built for sm_80; this load needs sm_90 \(wrong arch\)") as e:
+        obtain.obtain(cuda_target(tmp_path / "src", arch="9.0"))
+    assert "\n" not in str(e.value) and running.STATS["compiles"] == compiles
+    assert remote.STATS["refused"] == counted["refused"] + 1 and remote.STATS["fetched"] == counted["fetched"]
+    assert libraries() == [] and list(cache.subdir("tmp").iterdir()) == []
+    assert _store_files(store_dir, wanted.key) == stored
+    assert any("(wrong arch)" in r.getMessage() for r in caplog.records)
+    assert "(wrong arch)" in remote.why(wanted)
+
+
+# ----------------------------------------------------------------------------------------------- size caps
+def _reads(monkeypatch) -> list:
+    """(name, limit, bytes returned) of every get of either store class from now on."""
+    seen = []
+    for cls in (stores.FsspecStore, stores.RedisStore):
+        def get(self, name, limit=None, _get=cls.get):
+            data = _get(self, name, limit)
+            seen.append((name, limit, None if data is None else len(data)))
+            return data
+        monkeypatch.setattr(cls, "get", get)
+    return seen
+
+
+def test_a_limited_get_reads_one_byte_beyond_the_limit(store_url):
+    store = stores.open_store(store_url, 5)
+    big = os.urandom(3 << 20)
+    store.put("k/big", big)
+    store.put("k/empty", b"")
+    assert store.get("k/big", 1000) == big[:1001] and store.get("k/big", len(big)) == big
+    assert store.get("k/big", len(big) - 1) == big and store.get("k/big") == big
+    assert store.get("k/empty", 10) == b"" and store.get("k/missing", 10) is None
+
+
+def _refused_and_untouched(env, tmp_path, target, reason):
+    fresh_local_cache(env, tmp_path, "cache-reader")
+    env.setenv(settings.REMOTE_CACHE_REQUIRE.name, "1")
+    compiles, counted = counts()
+    with pytest.raises(KernelkitError, match=reason) as e:
+        obtain.obtain(target)
+    assert "\n" not in str(e.value) and running.STATS["compiles"] == compiles
+    assert remote.STATS["refused"] == counted["refused"] + 1 and remote.STATS["fetched"] == counted["fetched"]
+    assert libraries() == [] and list(cache.subdir("tmp").iterdir()) == []
+
+
+def test_a_manifest_over_the_cap_is_refused_unparsed(env, tmp_path, keys, store_url):
+    """A validly signed entry.json padded past 1 MiB (it would verify without the cap): refused after reading one
+    byte over the cap, on every store."""
+    setup_remote(env, store_url, secret=keys["secret"])
+    target = make_target(tmp_path / "src", 14)
+    obtain.obtain(target)
+    store = stores.open_store(store_url, 5)
+    entry = json.loads(store.get(entries.entry_name(target.key)))
+    manifest = {**json.loads(entry["manifest"]), "padding": "x" * (2 * entries.MANIFEST_CAP)}
+    entry["manifest"] = json.dumps(manifest, sort_keys=True)
+    entry["signature"] = signing.Secret(keys["secret"].read_bytes().strip()).sign(entry["manifest"].encode())
+    store.put(entries.entry_name(target.key), json.dumps(entry).encode())
+    reads = _reads(env)
+    _refused_and_untouched(env, tmp_path, target, r"entry.json is over the 1 MiB a manifest may have \(not parsed")
+    assert [r for r in reads if r[0].endswith("entry.json")] == [
+        (entries.entry_name(target.key), entries.MANIFEST_CAP, entries.MANIFEST_CAP + 1)]
+    assert not [r for r in reads if "/files/" in r[0]]  # and its library was not asked for
+    env.delenv(settings.REMOTE_CACHE_REQUIRE.name)
+    assert "(not parsed" in remote.why(target)
+
+
+def test_a_file_larger_than_its_manifest_says_is_refused_unread(env, tmp_path, keys, store_url):
+    """The library's blob with 4 MiB appended: refused after reading one byte more than the declared size."""
+    setup_remote(env, store_url, secret=keys["secret"])
+    target = make_target(tmp_path / "src", 15)
+    obtain.obtain(target)
+    store = stores.open_store(store_url, 5)
+    (name,) = [n for n in store.list(f"{target.key}/files/")]
+    size = len(store.get(name))
+    store.put(name, store.get(name) + os.urandom(4 << 20))
+    reads = _reads(env)
+    _refused_and_untouched(env, tmp_path, target, rf"is larger than the {size} bytes its manifest says \(damaged")
+    assert [r for r in reads if "/files/" in r[0]] == [(name, size, size + 1)]
+
+
 # ------------------------------------------------------------------------------------------- who may write
 def test_no_secret_and_no_trusted_key_means_the_store_is_not_used(env, tmp_path, store_dir, capsys):
     setup_remote(env, file_url(store_dir))

@@ -45,7 +45,7 @@ def fetch(target) -> Optional[Path]:
 def _fetch(remote, target) -> Tuple[Optional[Path], str]:
     key = target.key
     try:
-        raw = remote.call(lambda: remote.store.get(entries.entry_name(key)))
+        raw = remote.call(lambda: remote.store.get(entries.entry_name(key), entries.MANIFEST_CAP))
         if raw is None:
             STATS["misses"] += 1
             nearest = _nearest(remote, target)
@@ -55,7 +55,8 @@ def _fetch(remote, target) -> Tuple[Optional[Path], str]:
                 (f"; {nearest}" if nearest else "")
         manifest = entries.verified_manifest(raw, target, remote.trusted)
         described = manifest["files"][0]
-        data = remote.call(lambda: remote.store.get(entries.file_name(key, described["sha256"])), described["size"])
+        data = remote.call(lambda: remote.store.get(entries.file_name(key, described["sha256"]), described["size"]),
+                           described["size"])
         data = entries.check_file(described, data)
     except entries.Refused as e:
         STATS["refused"] += 1
@@ -78,9 +79,10 @@ def _fetch(remote, target) -> Tuple[Optional[Path], str]:
 def _nearest(remote, target) -> str:
     """How the latest entry published under ``target``'s name differs from it ("" if there is none, or it cannot be
     verified)."""
-    pointer = remote.call(lambda: remote.store.get(entries.name_pointer(target.name)))
+    pointer = remote.call(lambda: remote.store.get(entries.name_pointer(target.name), entries.POINTER_CAP))
     key = pointer.decode(errors="replace").strip() if pointer else ""
-    raw = remote.call(lambda: remote.store.get(entries.entry_name(key))) if len(key) == 64 and key.isalnum() else None
+    raw = remote.call(lambda: remote.store.get(entries.entry_name(key), entries.MANIFEST_CAP)) \
+        if len(key) == 64 and key.isalnum() else None
     if raw is None:
         return ""
     try:
@@ -101,7 +103,7 @@ def why(target) -> str:
     if remote is None:
         return f"{target.name} ({target.key[:16]}): {local}; no remote cache is used: {reason}"
     try:
-        raw = remote.call(lambda: remote.store.get(entries.entry_name(target.key)))
+        raw = remote.call(lambda: remote.store.get(entries.entry_name(target.key), entries.MANIFEST_CAP))
         if raw is None:
             nearest = _nearest(remote, target) or f"it holds no entry of {target.name} at all"
             return f"{target.name} ({target.key[:16]}): {local}; not in the remote cache {remote.shown}: {nearest}"

@@ -10,7 +10,9 @@ The manifest records the schema, the key, the library's name, each file's name, 
 toolchain, torch and archs it was built with. ``entry.json`` is written last and whole, and files are named by
 their content, so two writers publishing the same key at once never mix one's manifest with the other's bytes.
 A reader checks the signature over the manifest text as stored, then that the manifest is this target's, then
-every file's size and sha256 as it arrives: any failure is :class:`Refused` with a one-line reason.
+every file's size and sha256 as it arrives: any failure is :class:`Refused` with a one-line reason. What a reader
+takes from the store is bounded before anything is parsed or hashed: an ``entry.json`` by :data:`MANIFEST_CAP`, a
+file by the size its (verified) manifest declares; the store reads at most one byte beyond either.
 """
 from __future__ import annotations
 
@@ -24,6 +26,11 @@ from typing import Dict, List, Tuple
 SCHEMA = 1
 FORMAT = "kernelkit-remote-cache"
 ENTRY = "entry.json"
+#: the most bytes an entry.json may have: one over it is refused unparsed (a real one is a few KiB, a label and a
+#: 16-digit digest per source and header)
+MANIFEST_CAP = 1 << 20
+#: what a name pointer holds: a 64-digit key
+POINTER_CAP = 64
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -104,7 +111,11 @@ def pack(target, so: Path, signer, build_seconds: float = 0.0) -> List[Tuple[str
 
 
 def signed_manifest(raw: bytes, trusted: Dict[str, object]) -> dict:
-    """The manifest of a stored entry.json whose signature a trusted key checks."""
+    """The manifest of a stored entry.json whose signature a trusted key checks; ``raw`` over MANIFEST_CAP (the
+    store read one byte beyond it) is refused before it is parsed."""
+    if len(raw) > MANIFEST_CAP:
+        raise Refused(f"its entry.json is over the {MANIFEST_CAP >> 20} MiB a manifest may have (not parsed: damaged "
+                      "or not kernelkit's)")
     try:
         entry = json.loads(raw)
         text, signature = entry["manifest"], entry["signature"]
@@ -141,15 +152,19 @@ def verified_manifest(raw: bytes, target, trusted: Dict[str, object]) -> dict:
     files = manifest.get("files")
     if not (isinstance(files, list) and len(files) == 1 and isinstance(files[0], dict)
             and files[0].get("name") == target.so_name and isinstance(files[0].get("sha256"), str)
-            and _SHA256.fullmatch(files[0]["sha256"]) and isinstance(files[0].get("size"), int)):
+            and _SHA256.fullmatch(files[0]["sha256"]) and type(files[0].get("size")) is int and files[0]["size"] >= 0):
         raise Refused("its manifest does not list the library's sha256 and size")
     return manifest
 
 
 def check_file(described: dict, data) -> bytes:
-    """``data`` if it is the file the manifest describes; Refused naming what differs."""
+    """``data`` if it is the file the manifest describes; Refused naming what differs. ``data`` is what a get
+    limited to the declared size read: one byte more says the stored file is larger, and no more of it was read."""
     if data is None:
         raise Refused(f"{described['name']} is missing from the store (missing file)")
+    if len(data) > described["size"]:
+        raise Refused(f"{described['name']} is larger than the {described['size']} bytes its manifest says (damaged; "
+                      "not read further)")
     if len(data) != described["size"]:
         raise Refused(f"{described['name']} is {len(data)} bytes, its manifest says {described['size']} (damaged)")
     if hashlib.sha256(data).hexdigest() != described["sha256"]:

@@ -1,12 +1,15 @@
 """The stores a remote cache lives on, through their own client libraries: any fsspec URL (``file://``, ``s3://``
 with s3fs, ``gs://``, ``hf://``, ...) and ``redis://``. A store knows four verbs on named blobs of bytes (get,
 put, exists, list) and never learns what it stores; every call is bounded by a deadline, and anything but a
-plain miss (a refused connection, a timeout, a full disk) is :class:`Unreachable`.
+plain miss (a refused connection, a timeout, a full disk) is :class:`Unreachable`. A get may be limited: it then
+reads at most ``limit + 1`` bytes (a ranged read), so a blob over its limit is told by its length without the rest
+of it crossing the wire or entering memory.
 
 The client libraries are imported when a store is opened, so ``import kernelkit`` stays light.
 """
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 import threading
@@ -72,11 +75,19 @@ class FsspecStore:
     def _path(self, name: str) -> str:
         return f"{self.root}/{name}"
 
-    def get(self, name: str) -> Optional[bytes]:
+    def get(self, name: str, limit: Optional[int] = None) -> Optional[bytes]:
+        """The blob, or its first ``limit + 1`` bytes (one ranged request); None if there is none."""
+        path = self._path(name)
         try:
-            return self.fs.cat_file(self._path(name))
+            if limit is None:
+                return self.fs.cat_file(path)
+            return self.fs.cat_file(path, start=0, end=limit + 1)
         except FileNotFoundError:
             return None
+        except OSError as e:  # S3 answers any range of an empty object with 416 (s3fs: EINVAL)
+            if limit is not None and e.errno == errno.EINVAL and self.fs.size(path) == 0:
+                return b""
+            raise
 
     def put(self, name: str, data: bytes) -> None:
         path = self._path(name)
@@ -119,8 +130,14 @@ class RedisStore:
 
         self.client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
 
-    def get(self, name: str) -> Optional[bytes]:
-        return self.client.get(self.PREFIX + name)
+    def get(self, name: str, limit: Optional[int] = None) -> Optional[bytes]:
+        """The blob, or its first ``limit + 1`` bytes (GETRANGE, with EXISTS in one transaction: a missing key and
+        an empty value both read as b""); None if there is none."""
+        if limit is None:
+            return self.client.get(self.PREFIX + name)
+        with self.client.pipeline() as p:
+            there, head = p.exists(self.PREFIX + name).getrange(self.PREFIX + name, 0, limit).execute()
+        return head if there else None
 
     def put(self, name: str, data: bytes) -> None:
         self.client.set(self.PREFIX + name, data)
