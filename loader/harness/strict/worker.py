@@ -38,7 +38,6 @@ _ELAPSED = torch.cuda.Event.elapsed_time
 _EQUAL = torch.equal
 
 FLUSH_BYTES = 256 << 20
-DRAIN_MIN_US = 50.0  # a device-wide sync this much longer than on an idle device means work was left running
 THREAD_WAIT_S = 0.5  # how long a checked call waits for threads the op started before reading its outputs again
 EVIDENCE_STOP = 3  # timed calls with evidence after which a timing group stops: the verdict is made
 
@@ -124,9 +123,6 @@ class Runner:
             if e is not None and not _EQUAL(bits(o), bits(e)):
                 ev.append(f"output {k} changed after the op returned: its work was still running (another stream "
                           "or thread)")
-        if found.get("drain_us", 0.0) > self.idle_drain_us + DRAIN_MIN_US:
-            ev.append(f"left device work running after it returned: a device-wide sync after its end took "
-                      f"{found['drain_us']:.0f} us (idle: {self.idle_drain_us:.0f} us); work on another stream?")
         if found.get("l2"):
             ev.append(f"set {found['l2']}: a working set pinned in L2 across calls survives the flush")
         if self.tamper is not None:
