@@ -64,7 +64,7 @@ def _floor(argv, work: Path) -> float:
     header = next(p.name[:-len(".gch")] for p in pch.iterdir() if p.name.endswith(".h.gch"))
     empty = work / "empty.cpp"
     empty.write_text(f"#include <{header}>\n")
-    flags = [a for a in argv[1:-4] if a != "-c"]  # the compiler, then its flags, then -c TU -o OBJ
+    flags = argv[1:-4]  # the compiler, then its flags, then -c TU -o OBJ
     t0 = time.perf_counter()
     subprocess.run([argv[0], *flags, "-c", str(empty), "-o", str(work / "empty.o")], check=True)
     return time.perf_counter() - t0

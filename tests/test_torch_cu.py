@@ -185,29 +185,43 @@ def test_the_strategy_asked_for_is_in_the_key_and_checked(work, monkeypatch):
         plan.plan_extension("kk_tcu_keys", [work / "relu_extension.cu"], arch="9.0")
 
 
+def _split_host_unit(work, name):
+    """(target, split, host unit) of relu_extension.cu planned as extension ``name``."""
+    from kernelkit.jit.fast import split
+
+    src = work / "relu_extension.cu"
+    target = plan.plan_extension(name, [src], arch="9.0")
+    (unit,) = target.units
+    result = split.split_source(src.read_text(), str(src), split.local_headers([work]))
+    return target, result, torch_cu._host_unit(result, unit, split.host_flags(unit.flags))
+
+
+def _build_pch(part) -> None:
+    """The host unit's precompiled preamble, built the way the detached builder builds it (unless it is ready)."""
+    from kernelkit.jit import cache
+
+    root, gch, cmd = pch.plan(part)
+    if not cache.pch_ready(root):
+        root.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-c", pch._PCH_BUILDER, "0", str(root / f".{gch}.tmp"), str(root / gch),
+                        str(root / cache.PCH_META), *cmd], check=True)
+    assert cache.pch_ready(root)
+
+
 def test_the_host_tu_built_with_its_precompiled_preamble_is_the_same_object(work, monkeypatch, tmp_path):
     """A split's host TU includes its preamble (torch's headers) first; with KERNELKIT_PCH=1 gcc reads that
     precompiled, which turns a host edit's ~25 s into ~10 s on a 2-core machine. The object must be the one
     gcc makes without it, byte for byte."""
     from kernelkit.jit import cache, toolchain
-    from kernelkit.jit.fast import split
 
     if not toolchain.is_gcc():
         pytest.skip("precompiled headers are used with gcc only")
-    src = work / "relu_extension.cu"
-    target = plan.plan_extension("kk_tcu_pch", [src], arch="9.0")
-    (unit,) = target.units
-    result = split.split_source(src.read_text(), str(src), split.local_headers([work]))
-    part = torch_cu._host_unit(result, unit, split.host_flags(unit.flags))
+    target, _, part = _split_host_unit(work, "kk_tcu_pch")
     assert part.pch_header is not None and part.path.read_text().startswith(f"#include <{part.pch_header.name}>")
     monkeypatch.setenv("KERNELKIT_PCH", "0")
     plain = cache.cached_object(part.key) or build.compile_cached(part, target)  # an earlier test built it
     monkeypatch.setenv("KERNELKIT_PCH", "1")
-    root, gch, cmd = pch.plan(part)
-    root.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-c", pch._PCH_BUILDER, "0", str(root / f".{gch}.tmp"), str(root / gch),
-                    str(root / cache.PCH_META), *cmd], check=True)  # what the detached builder runs
-    assert cache.pch_ready(root)
+    _build_pch(part)
     before = dict(running.STATS)
     build.compile_as_written(part, target, tmp_path / "pch.o", tmp_path / "pch.d")
     assert running.STATS["pch_used"] == before["pch_used"] + 1 and running.STATS["pch_rejected"] == before["pch_rejected"]
@@ -218,17 +232,14 @@ def test_the_host_tu_compiled_for_its_line_table_reads_its_precompiled_preamble(
     """A split's host TU is compiled from its preprocessed text (its __LINE__s read from a table); gcc keeps the
     precompiled preamble there only if it finds the .gch before the header, so the PCH's directory must come
     first. It once came after the header's own and every host edit parsed torch's headers again (~25 s on 2
-    cores instead of ~11 s) with nothing said. The object is the one compiled without it, byte for byte."""
+    cores instead of ~11 s) with nothing said. The object has the code and data of the one compiled without it
+    (``_code``, ``_data``)."""
     from kernelkit.jit import cache, toolchain
-    from kernelkit.jit.fast import host_lines, split
+    from kernelkit.jit.fast import host_lines
 
     if not toolchain.is_gcc():
         pytest.skip("precompiled headers are used with gcc only")
-    src = work / "relu_extension.cu"
-    target = plan.plan_extension("kk_tcu_pch_lines", [src], arch="9.0")
-    (unit,) = target.units
-    result = split.split_source(src.read_text(), str(src), split.local_headers([work]))
-    part = torch_cu._host_unit(result, unit, split.host_flags(unit.flags))
+    target, result, part = _split_host_unit(work, "kk_tcu_pch_lines")
     texts = []
     real = host_lines._preprocess
 
@@ -244,11 +255,7 @@ def test_the_host_tu_compiled_for_its_line_table_reads_its_precompiled_preamble(
     assert cache.object_info(first).get("lines") == "table"  # the tabled path, not a fallback
     assert not any(host_lines._PCH_PRAGMA in t for t in texts)
     monkeypatch.setenv("KERNELKIT_PCH", "1")
-    root, gch, cmd = pch.plan(part)
-    if not cache.pch_ready(root):
-        root.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-c", pch._PCH_BUILDER, "0", str(root / f".{gch}.tmp"), str(root / gch),
-                        str(root / cache.PCH_META), *cmd], check=True)  # what the detached builder runs
+    _build_pch(part)
     before, texts[:] = dict(running.STATS), []
     with_pch = host_lines._compile(part, result.host, target, second, build)
     assert running.STATS["pch_used"] == before["pch_used"] + 1 and running.STATS["pch_rejected"] == before["pch_rejected"]
