@@ -114,6 +114,27 @@ def test_arch_coverage():
     assert prebuilt.covers([], [])
 
 
+@pytest.mark.parametrize("flags, archs", [
+    (["-gencode", "arch=compute_90,code=sm_90"], ["sm_90"]),
+    (["-gencode=arch=compute_80,code=[sm_80,compute_80]"], ["compute_80", "sm_80"]),
+    (["--generate-code", "arch=compute_90a,code=sm_90a"], ["sm_90a"]),
+    (["-arch=sm_80"], ["compute_80", "sm_80"]),  # nvcc: SASS and PTX of 80
+    (["-arch", "compute_90"], ["compute_90"]),
+    (["--gpu-architecture=compute_90", "-code=sm_90,compute_90"], ["compute_90", "sm_90"]),
+])
+def test_every_spelling_of_the_gpu_code_reaches_the_manifest(flags, archs):
+    _, got, rest = prebuilt.split_flags(["-O3", *flags, "-DX"])
+    assert sorted(got) == archs and rest == ["-O3", "-DX"]
+
+
+@pytest.mark.parametrize("flags", [["-arch=native"], ["-arch", "all-major"], ["-gencode", "arch=compute_90,code=lto_90"],
+                                   ["-arch=sm_90", "-code=lto_90"]])
+def test_gpu_code_resolved_by_nvcc_stays_in_the_source_key(flags):
+    # nvcc decides these on the machine (or they are not SASS/PTX): no archs claimed, the flags keep keys apart
+    _, got, rest = prebuilt.split_flags(flags)
+    assert got == [] and all(token in " ".join(rest) for token in flags)
+
+
 @pytest.mark.cuda_build
 def test_one_wheel_for_the_gpus_users_have(tmp_path):
     """README's recipe: SASS for each listed arch and PTX of the last, so a newer GPU JIT-compiles it; the

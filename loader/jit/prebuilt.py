@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Iterable, List, Optional, Sequence, Set, Tuple
 
 from .. import settings
-from ..errors import CacheSecurityError, KernelkitError
+from ..errors import CacheSecurityError
 from . import keys, toolchain
 from .progress import say
 from .sources import digest_tree, sha256_file
@@ -35,28 +35,64 @@ log = logging.getLogger("kernelkit")
 PACKAGE_PREBUILT = Path(__file__).resolve().parent.parent / "prebuilt"
 MANIFEST = "manifest.json"
 FORMAT = "kernelkit-prebuilt-1"
-_GENCODE = re.compile(r"^arch=compute_\w+,code=((?:sm|compute)_\w+)$")
+_GENCODE = re.compile(r"^arch=compute_\w+,code=(\[[\w,]+\]|\w+)$")
+_GENCODE_FLAGS = ("-gencode", "--generate-code")
+_ARCH_FLAGS = ("-arch", "--gpu-architecture")
+_CODE_FLAGS = ("-code", "--gpu-code")
 _ARCH = re.compile(r"^(sm|compute)_(\d+)(\d)([a-z]?)$")
 
 
 # ---------------------------------------------------------------------------------------- source key
 def split_flags(flags: Sequence[str]) -> Tuple[List[str], List[str], List[str]]:
-    """A unit's flags -> (include dirs, gencode targets like 'sm_90', every other flag in order)."""
+    """A unit's flags -> (include dirs, GPU code like 'sm_90' or 'compute_90', every other flag in order).
+
+    The GPU code is read from every form nvcc takes: ``-gencode``/``--generate-code`` (with a space or ``=``,
+    one code or a ``[list]``) and ``-arch``/``-code`` (``-arch=sm_90`` alone means SASS and PTX of 90). A value
+    this does not read (``-arch=native``, ``code=lto_90``) stays among the other flags, in the source key."""
     incs, archs, rest = [], [], []
+    arch = code = None
+    arch_at: List[int] = []  # where -arch/-code sit in rest: they leave it once both are read
     it = iter(flags)
     for f in it:
-        if f == "-gencode":
-            m = _GENCODE.match(next(it, ""))
-            if not m:
-                raise KernelkitError(f"unexpected -gencode value in {list(flags)}")
-            archs.append(m.group(1))
+        name, eq, value = f.partition("=") if f.startswith("-") else (f, "", "")
+        if name in _GENCODE_FLAGS + _ARCH_FLAGS + _CODE_FLAGS:
+            value = value if eq else next(it, "")
+            spelled = f if eq else f"{f}={value}"
+            m = _GENCODE.match(value) if name in _GENCODE_FLAGS else None
+            codes = _code_list(m.group(1)) if m else None
+            if codes:
+                archs.extend(codes)
+            else:
+                if name not in _GENCODE_FLAGS:
+                    arch_at.append(len(rest))
+                    arch, code = (value, code) if name in _ARCH_FLAGS else (arch, value)
+                rest.append(spelled)
         elif f == "-I":
             incs.append(next(it, ""))
         elif f.startswith("-I"):
             incs.append(f[2:])
         else:
             rest.append(f)
+    implied = _arch_codes(arch, code)
+    if implied:
+        archs.extend(implied)
+        rest = [f for i, f in enumerate(rest) if i not in arch_at]
     return incs, archs, rest
+
+
+def _code_list(value: str) -> Optional[List[str]]:
+    codes = [c for c in value.strip("[]").split(",") if c]
+    return codes if codes and all(_ARCH.match(c) for c in codes) else None
+
+
+def _arch_codes(arch: Optional[str], code: Optional[str]) -> Optional[List[str]]:
+    """What ``-arch``/``-code`` ask nvcc for: ``-code``'s list, else ``-arch=sm_XY``'s SASS and PTX (a virtual
+    ``-arch=compute_XY`` alone: its PTX); None where either is a value this does not read."""
+    if arch is None or not _ARCH.match(arch):
+        return None
+    if code is not None:
+        return _code_list(code)
+    return [arch, "compute_" + arch.split("_", 1)[1]] if arch.startswith("sm_") else [arch]
 
 
 def key_ldflags(ldflags: Sequence[str]) -> List[str]:
