@@ -10,11 +10,14 @@ a GAN repo's plugin; ``raster15``, a rasterizer's 15 sources in three folders, 2
           (the time of the second call, until the new function is callable). For TORCH_LIBRARY styles (muladd,
           torch_library) a namespace is defined once per process: the edited file is loaded by a new process;
   host_edit - the same for an edit of the host code (an error message of the wrapper), once kernelkit's
-          background precompiled header (16-core hosts; KERNELKIT_PCH) is ready.
+          background precompiled header (16-core hosts; KERNELKIT_PCH) is ready;
+  cold_pch - (kernelkit; not the package styles) a new extension on a machine that has built one: the style's
+          files in another folder, under another name and with the kernel edit, built into the cache the cold
+          build left (its precompiled torch preamble ready), in a new process. ``cold`` is the fresh-cache figure.
 The styles lltm (AT_DISPATCH + PackedTensorAccessor) and muladd (TORCH_LIBRARY in the .cu) come from
 tests/fixtures/torch_cu.
 Usage: python benchmarks/cpp_extension_bench.py [--styles cem sigmoid mul lltm muladd cem_ported gan raster15
-       torch_library] [--phases cold warm edit host_edit] [--warm-repeats 7] [--out results.json]
+       torch_library] [--phases cold warm edit host_edit cold_pch] [--warm-repeats 7] [--out results.json]
 (the styles take about 30 minutes on a 16-core host, where each new process importing torch takes 3-4 s;
 pass a few --styles per run; --out is rewritten after each style and tool, so a run cut short keeps its rows)
 """
@@ -92,7 +95,7 @@ def package_call(style: str, cuda: bool) -> dict:
 PACKAGE_STYLES = ("gan", "raster15", "torch_library")
 
 WORKER = r"""
-import json, sys, time
+import json, os, sys, time
 from pathlib import Path
 tool, style, phase, work = sys.argv[1:5]
 work = Path(work)
@@ -117,10 +120,10 @@ def load(scale="1.0f"):
         src = s.cuda_source(scale)
         if scale == "host":
             src = s.cuda_source().replace(json.loads(sys.argv[7])[1], json.loads(sys.argv[7])[2])
-        return ext.load_inline("bench_sigmoid", s.CPP, src, functions=["sigmoid"], **extra)
+        return ext.load_inline(os.environ.get("BENCH_PREFIX", "bench_") + "sigmoid", s.CPP, src, functions=["sigmoid"], **extra)
     files = {"cem": ["sample.cu", "sample.cpp"], "mul": ["mul.cu"], "lltm": ["lltm_accessor.cu"],
              "muladd": ["muladd_library.cu"], "cem_ported": ["sample_kernel.cu", "sample_ported.cpp"]}[style]
-    return ext.load("bench_" + style, [str(work / f) for f in files], extra_cuda_cflags=["-O3"],
+    return ext.load(os.environ.get("BENCH_PREFIX", "bench_") + style, [str(work / f) for f in files], extra_cuda_cflags=["-O3"],
                     is_python_module=style != "muladd", **extra)
 
 def edit(path, old, new):
@@ -179,6 +182,15 @@ def measure(style: str, tool: str, root: Path, phases, warm_repeats: int, cuda: 
         wait_for_pch_builders(kk_cache)  # a later session's load, not one beside the first build's builders
         warm = [_run(tool, style, "warm", work, env, spec, call) for _ in range(warm_repeats)]
         result["warm"], result["warm_all"] = statistics.median(warm), warm  # in the order run: the first loads differ
+    if "cold_pch" in phases and tool == "kernelkit" and call is None:
+        wait_for_pch_builders(kk_cache)  # the first build's precompiled preamble, ready as on a machine that built one
+        other = root / f"{style}-{tool}-new"
+        other.mkdir()
+        _prepare(style, other, cuda)
+        if spec["file"]:
+            path = other / spec["file"]
+            path.write_text(path.read_text().replace(spec["old"], spec["new"], 1))
+        result["cold_pch"] = _run(tool, style, "cold", other, dict(env, BENCH_PREFIX="bench_new_"), spec, call)
     for phase, edit in (("edit", spec if spec["file"] or style == "sigmoid" else None),
                         ("host_edit", dict(zip(("file", "old", "new"), HOST_EDITS[style])) if style in HOST_EDITS else None)):
         if phase not in phases or edit is None:
@@ -200,7 +212,7 @@ def main() -> int:
     p.add_argument("--styles", nargs="+", default=styles, choices=styles)
     p.add_argument("--tools", nargs="+", default=["torch", "kernelkit"], choices=["torch", "kernelkit"])
     p.add_argument("--phases", nargs="+", default=["cold", "warm", "edit", "host_edit"],
-                   choices=["cold", "warm", "edit", "host_edit"],
+                   choices=["cold", "warm", "edit", "host_edit", "cold_pch"],
                    help="cold always runs (the others need its build)")
     p.add_argument("--warm-repeats", type=int, default=7, help="new processes timed for the warm load (median)")
     p.add_argument("--out", help="write the results as JSON here")
@@ -224,7 +236,7 @@ def main() -> int:
     print(f"\n{gpu}, {os.cpu_count()} CPUs, torch {torch.__version__}")
     print("| style | phase | torch | kernelkit | torch / kernelkit |\n|---|---|---|---|---|")
     for style, r in rows.items():
-        for phase in ("cold", "warm", "edit", "host_edit"):
+        for phase in ("cold", "cold_pch", "warm", "edit", "host_edit"):
             t, k = r.get("torch", {}).get(phase), r.get("kernelkit", {}).get(phase)
             if t is None and k is None:
                 continue

@@ -15,8 +15,10 @@ is an error saying why); ``full`` builds every such file as written.
 """
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import dataclasses
+import logging
 import re
 import shutil
 import subprocess
@@ -34,6 +36,8 @@ from ..progress import say
 from ..units import Target, Unit
 from . import host_lines, split, split_proof, torch_headers
 from .split import instantiate
+
+log = logging.getLogger("kernelkit")
 
 VERSION = "split-3"  # the construction: a change gives every split object a new key
 #: diagnostics that may mean the device TU lacks a declaration torch's headers gave the file
@@ -124,9 +128,10 @@ def _split_into(unit: Unit, target: Target, out: Path, core) -> Optional[_Fallba
     if host_key in record.get("host_failed", {}):
         return _Fallback(f"{record['host_failed'][host_key]} (found earlier for this host code)")
     names_key = _torch_names_key(unit, result)
+    _wait_for_names(names_key)  # recorded by an earlier build of this process, sooner than a proof of this one
     covered = _covered(record, result, cache.read_record("torch-names", names_key).get("names"))
     proof = None if covered else Proof(unit, target, nice=False, names_key=names_key, result=result)
-    pool = concurrent.futures.ThreadPoolExecutor(1)
+    pool, used = concurrent.futures.ThreadPoolExecutor(1), False
     try:
         parts = _compiled_parts(result, unit, host_unit, lines, target, pool, core)
         if isinstance(parts, _Fallback):
@@ -135,10 +140,11 @@ def _split_into(unit: Unit, target: Target, out: Path, core) -> Optional[_Fallba
         why = _proven(proof, unit, device_unit, frame, record, result, before) if proof is not None else None
         if why is not None:
             return _Fallback(why)
+        used = True
     finally:
         pool.shutdown(wait=False)  # a device TU's error is said at once; the host TU's object is cached for later
         if proof is not None:
-            proof.cancel()
+            proof.cancel(names_too=not used)
     _bind(result, device, host, table, out, target)
     if covered:
         _audit_later(unit, target, (device_unit, device_unit.path.read_text(errors="surrogateescape")), frame,
@@ -419,28 +425,46 @@ def _arch_flags(flags: List[str]) -> Tuple[List[str], List[str]]:
 
 class Proof:
     """The file's PTX as written (what torch's build compiles for its device side), compiled in the background
-    from the moment it is asked for, so that it runs beside the split's own compiles."""
+    from the moment it is asked for, so that it runs beside the split's own compiles. With a ``names_key`` whose
+    record is missing, the same thread then records the names torch's headers declare, at the lowest priority:
+    the build waits for the PTX only (a new file's first build would otherwise pay a second parse of torch's
+    headers), and a later edit waits for the record only if it is still being written (``_wait_for_names``)."""
 
     def __init__(self, unit: Unit, target: Target, nice: bool, names_key: str = "",
                  result: Optional[split.Split] = None):
         self.unit, self.target, self.nice = unit, target, nice
         self.names_key, self.result = names_key, result
-        self.children = running.Children()
+        self.children, self.names_children = running.Children(), running.Children()
         self.ptx: Dict[str, str] = {}
         self.error: Optional[BaseException] = None
+        self.ptx_ready = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"kernelkit-proof-{unit.path.name}", daemon=True)
+        if names_key:
+            with _AUDIT_LOCK:
+                _NAMES[names_key] = self.thread
+            atexit.register(self.names_children.kill_all)  # a record cut short is written by the next first build
         self.thread.start()
 
     def _run(self) -> None:
+        keep = self.names_key and not cache.read_record("torch-names", self.names_key)
         try:
-            keep = self.names_key and not cache.read_record("torch-names", self.names_key)
             with running.private_dir("proof-keep-") as kept:
-                self.ptx = _ptx(self.unit.path, self.unit.flags, self.unit.display, self.target, self.nice,
-                                self.children, keep=kept if keep else None)
+                try:
+                    self.ptx = _ptx(self.unit.path, self.unit.flags, self.unit.display, self.target, self.nice,
+                                    self.children, keep=kept if keep else None)
+                except BaseException as e:  # noqa: BLE001 - handed to whoever waits for the proof
+                    self.error = e
+                    return
+                finally:
+                    self.ptx_ready.set()
                 if keep:
                     self._record_torch_names(kept)
-        except BaseException as e:  # noqa: BLE001 - handed to whoever waits for the proof
-            self.error = e
+        except Exception as e:  # noqa: BLE001 - a record not written is written by the next first build
+            log.debug("the torch-names record of %s was not written: %s", self.unit.display, e)
+        finally:
+            with _AUDIT_LOCK:
+                if _NAMES.get(self.names_key) is threading.current_thread():
+                    del _NAMES[self.names_key]
 
     def _record_torch_names(self, kept: Path) -> None:
         """The names torch's umbrella headers declare more often than the prelude (read from nvcc's preprocessed
@@ -452,7 +476,7 @@ class Proof:
         probe = kept / "kk_prelude_probe.cu"
         prelude = split.full_prelude()
         probe.write_text(prelude + "__global__ void kk_prelude_probe() {}\n")
-        _ptx(probe, self.unit.flags, self.unit.display, self.target, self.nice, self.children, keep=kept)
+        _ptx(probe, self.unit.flags, self.unit.display, self.target, True, self.names_children, keep=kept)
         probed = next(kept.glob("kk_prelude_probe*.cpp1.ii"))
         includes = "".join(f"#include {name}\n" for name in self.result.torch_includes)
         macros = torch_headers.defined_macros(includes, self.unit.flags)
@@ -472,7 +496,7 @@ class Proof:
             copy = tmp / device_unit.path.name
             copy.write_text(device_text, errors="surrogateescape")
             split_ptx = _ptx(copy, device_unit.flags, device_unit.display, self.target, self.nice, self.children)
-        self.thread.join()
+        self.ptx_ready.wait()
         if self.error is not None:
             raise self.error
         for arch in sorted(self.ptx):
@@ -481,8 +505,10 @@ class Proof:
                 return f"{why} ({arch})"
         return None
 
-    def cancel(self) -> None:
+    def cancel(self, names_too: bool = True) -> None:
         self.children.kill_all()
+        if names_too:
+            self.names_children.kill_all()
 
 
 def _ptx(path: Path, flags: List[str], display: str, target: Target, nice: bool,
@@ -507,7 +533,15 @@ def _ptx(path: Path, flags: List[str], display: str, target: Target, nice: bool,
 
 _AUDITS: Dict[str, threading.Thread] = {}  # file -> its running background proof
 _PENDING: Dict[str, tuple] = {}  # file -> the newest edit waiting for that proof to end
+_NAMES: Dict[str, threading.Thread] = {}  # torch-names key -> the proof thread writing its record
 _AUDIT_LOCK = threading.Lock()
+
+
+def _wait_for_names(names_key: str) -> None:
+    with _AUDIT_LOCK:
+        writing = _NAMES.get(names_key)
+    if writing is not None:
+        writing.join()
 
 
 def _audit_later(unit: Unit, target: Target, device: Tuple[Unit, str], frame: str,
@@ -550,7 +584,7 @@ def wait_for_audits(timeout: Optional[float] = None) -> None:
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         with _AUDIT_LOCK:
-            running = [t for t in _AUDITS.values() if t.is_alive()]
+            running = [t for t in [*_AUDITS.values(), *_NAMES.values()] if t.is_alive()]
         if not running:
             return
         running[0].join(None if deadline is None else max(0.0, deadline - time.monotonic()))
