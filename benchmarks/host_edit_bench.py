@@ -36,7 +36,7 @@ s=$(date +%s.%N); "$@"; rc=$?; e=$(date +%s.%N)
 echo "$s $e $*" >> "$KK_BENCH_LOG"
 exit $rc
 """
-NUMBER = re.compile(r"\d+\.\d+")
+NUMBER = re.compile(r"\d+(?:\.\d+)?")  # the constant each timed edit changes (an int or a decimal)
 
 
 def _runs(log: Path, since: float):
@@ -89,9 +89,10 @@ def child(name: str, work: Path, edits: int) -> None:
     number = NUMBER.search(line).group(0)
     for i in range(edits):
         path = folder / rel
-        new = line.replace(number, f"{float(number) + i + 1:.1f}")
+        changed = f"{float(number) + 1:.1f}" if "." in number else str(int(number) + 1)
+        new = line.replace(number, changed, 1)
         path.write_text(path.read_text().replace(line, new))
-        line, number = new, f"{float(number) + i + 1:.1f}"
+        line, number = new, changed
         t0 = time.time()
         kernelkit.load(f"kkh_{name}", sources, is_python_module=case.pybind, **case.load)
         seconds = time.time() - t0

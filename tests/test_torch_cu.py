@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import types
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 
 import kernelkit
 from kernelkit.errors import BuildError, KernelkitError, SourcesChanged
-from kernelkit.jit import build, plan, running
+from kernelkit.jit import build, cache, plan, running
 from kernelkit.jit.fast import pch, torch_cu
 
 CORPUS = Path(__file__).parent / "fixtures" / "torch_cu"
@@ -58,6 +59,30 @@ def test_a_kernel_body_edit_recompiles_the_device_tu_only(work, capsys):
         src.write_text(original)
     again, counts, _ = _build("kk_tcu_relu", src, capsys)
     assert again.cached and again.key == cold.key and counts["compiles"] == 0
+
+
+def test_a_first_build_waits_for_its_proof_not_for_the_names_record(tmp_path, capsys, monkeypatch):
+    """The names torch's headers declare are recorded after the proof's PTX, in the background: the build is
+    usable first, and the record is there once the process's background work ends."""
+    src = tmp_path / "relu_extension.cu"
+    shutil.copy(CORPUS / src.name, src)
+    released, recording = threading.Event(), threading.Event()
+    real = torch_cu.Proof._record_torch_names
+
+    def held(self, kept):
+        recording.set()
+        released.wait(120)
+        real(self, kept)
+
+    monkeypatch.setattr(torch_cu.Proof, "_record_torch_names", held)
+    names, real_key = [], torch_cu._torch_names_key
+    monkeypatch.setattr(torch_cu, "_torch_names_key", lambda *a: names.append(real_key(*a)) or names[-1])
+    _, _, said = _build("kk_tcu_names_later", src, capsys)
+    assert "proven the same as the file's as written" in said, said
+    assert recording.wait(60) and not cache.read_record("torch-names", names[0])  # built while the record was held
+    released.set()
+    torch_cu.wait_for_audits(300)
+    assert cache.read_record("torch-names", names[0]).get("names")
 
 
 def test_a_kernel_typo_is_reported_at_the_users_line_without_a_full_build(work, capsys):
