@@ -9,7 +9,9 @@ process into one build directory per case, so ninja rebuilds only what changed (
 its fastest edit). A step that must not compile must fail in both, kernelkit citing the file and line.
 
 Usage: python benchmarks/split_corpus.py [--root DIR] [--cases NAME ...] [--torch-steps all|original|none]
-       [--torch-kinds KIND ...] [--jobs N] [--sequential] [--out results.json] [--fast-off] [--build-only]
+       [--torch-kinds KIND ...] [--jobs N] [--sequential] [--torch-apart N] [--out results.json] [--fast-off]
+       [--build-only]
+On a GPU host within a device call's 10 minutes: --torch-apart 16 (torch's steps side by side) and few --cases.
 Timing (the edit-kind benchmark): --jobs 1 --sequential (torch's builds after kernelkit's, so neither slows the
 other), with --torch-kinds naming the edit kinds torch also builds (torch rebuilds a one-file extension whole
 whatever the edit).
@@ -25,6 +27,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -103,13 +106,27 @@ def _run_kernelkit(root: Path, name: str, work: Path, out: Path, n_steps: int, e
     return rows
 
 
+#: how many torch builds run at once with --torch-apart (each case's steps in build directories of their own)
+_TORCH_SLOTS = threading.BoundedSemaphore(os.cpu_count() or 1)
+
+
+def _run_torch_apart(root: Path, name: str, out: Path, steps, build: Path) -> dict:
+    """Each step built by torch in a build directory of its own, side by side: a whole build per step (what
+    torch's incremental rebuild of a one-file extension is anyway), so a case's torch side ends in one build's
+    time on a host with cores to spare. For correctness runs; its seconds are not an edit's."""
+    with concurrent.futures.ThreadPoolExecutor(max(1, len(steps))) as pool:
+        parts = pool.map(lambda i: _run_torch(root, name, out, [i], build / f"step{i}"), steps)
+        return {k: v for part in parts for k, v in part.items()}
+
+
 def _run_torch(root: Path, name: str, out: Path, steps, build: Path) -> dict:
     rows = {}
     for index in steps:
         meta = out / f"torch_{index}.json"
         cmd = [sys.executable, str(CORPUS / "torch_build.py"), name, str(index), "--root", str(root),
                "--out", str(out / f"torch_{index}.pt"), "--meta", str(meta), "--build", str(build)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        with _TORCH_SLOTS:
+            proc = subprocess.run(cmd, capture_output=True, text=True)
         rows[index] = json.loads(meta.read_text()) if meta.exists() else \
             {"built": False, "error": f"no result (exit {proc.returncode}): {proc.stderr[-1500:]}"}
         if proc.returncode < 0 or "died" in rows[index].get("run_error", ""):  # say how, for the next look
@@ -129,7 +146,7 @@ def _equal(a, b) -> bool:
 
 
 def run_case(root: Path, name: str, work: Path, torch_steps: str, env, build_only: bool, kinds=(),
-             sequential: bool = False) -> dict:
+             sequential: bool = False, apart: bool = False) -> dict:
     import torch
 
     case = cases(root)[name]
@@ -142,7 +159,8 @@ def run_case(root: Path, name: str, work: Path, torch_steps: str, env, build_onl
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         if sequential:
             mine = _run_kernelkit(root, name, work / "kk_src", out, n, env, build_only)
-        theirs = pool.submit(_run_torch, root, name, out, chosen, work / "torch_build" / name)
+        theirs = pool.submit(_run_torch_apart if apart else _run_torch, root, name, out, chosen,
+                             work / "torch_build" / name)
         if not sequential:
             mine = _run_kernelkit(root, name, work / "kk_src", out, n, env, build_only)
         torch_rows = theirs.result()
@@ -198,6 +216,9 @@ def main() -> int:
     ap.add_argument("--build-only", action="store_true", help="compile and link only (no GPU): no outputs compared")
     ap.add_argument("--torch-kinds", nargs="*", default=(), help="only these step kinds are built by torch too")
     ap.add_argument("--sequential", action="store_true", help="torch's builds of a case after kernelkit's")
+    ap.add_argument("--torch-apart", type=int, default=0, metavar="N",
+                    help="torch builds every step of a case in a directory of its own, N at once over all cases "
+                         "(a correctness run that ends within a device call; not for timing)")
     ap.add_argument("--work", default="")
     ap.add_argument("--child", default="")
     ap.add_argument("--into", default="")
@@ -213,11 +234,14 @@ def main() -> int:
     env = dict(os.environ, KERNELKIT_CACHE_DIR=str(work / "kk_cache"))
     if args.fast_off:
         env["KERNELKIT_FAST"] = "0"
+    global _TORCH_SLOTS
+    if args.torch_apart:
+        _TORCH_SLOTS = threading.BoundedSemaphore(args.torch_apart)
     t0 = time.time()
     results = []
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(run_case, root, n, work, args.torch_steps, env, args.build_only, args.torch_kinds,
-                               args.sequential) for n in names]
+                               args.sequential, bool(args.torch_apart)) for n in names]
         for future in concurrent.futures.as_completed(futures):  # reported and written as each case ends
             r = future.result()
             results.append(r)
