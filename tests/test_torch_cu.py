@@ -85,6 +85,17 @@ def test_a_first_build_waits_for_its_proof_not_for_the_names_record(tmp_path, ca
     assert cache.read_record("torch-names", names[0]).get("names")
 
 
+def test_a_proof_that_fails_before_its_ptx_hands_the_error_to_its_waiter(monkeypatch, tmp_path):
+    def broken(*a):
+        raise OSError("the cache's records cannot be read")
+
+    monkeypatch.setattr(torch_cu.cache, "read_record", broken)
+    unit = types.SimpleNamespace(path=tmp_path / "k.cu", flags=[], display="k.cu")
+    proof = torch_cu.Proof(unit, None, nice=True, names_key="kk-test-broken-names")
+    assert proof.ptx_ready.wait(30), "the build would wait for this proof forever"
+    assert isinstance(proof.error, OSError) and "kk-test-broken-names" not in torch_cu._NAMES
+
+
 def test_a_kernel_typo_is_reported_at_the_users_line_without_a_full_build(work, capsys):
     src = work / "relu_extension.cu"
     original = src.read_text()

@@ -446,22 +446,21 @@ class Proof:
         self.thread.start()
 
     def _run(self) -> None:
-        keep = self.names_key and not cache.read_record("torch-names", self.names_key)
         try:
+            keep = self.names_key and not cache.read_record("torch-names", self.names_key)
             with running.private_dir("proof-keep-") as kept:
-                try:
-                    self.ptx = _ptx(self.unit.path, self.unit.flags, self.unit.display, self.target, self.nice,
-                                    self.children, keep=kept if keep else None)
-                except BaseException as e:  # noqa: BLE001 - handed to whoever waits for the proof
-                    self.error = e
-                    return
-                finally:
-                    self.ptx_ready.set()
+                self.ptx = _ptx(self.unit.path, self.unit.flags, self.unit.display, self.target, self.nice,
+                                self.children, keep=kept if keep else None)
+                self.ptx_ready.set()
                 if keep:
                     self._record_torch_names(kept)
-        except Exception as e:  # noqa: BLE001 - a record not written is written by the next first build
-            log.debug("the torch-names record of %s was not written: %s", self.unit.display, e)
+        except BaseException as e:  # noqa: BLE001 - before the PTX: handed to whoever waits for the proof
+            if self.ptx_ready.is_set():  # a record not written is written by the next first build
+                log.debug("the torch-names record of %s was not written: %s", self.unit.display, e)
+            else:
+                self.error = e
         finally:
+            self.ptx_ready.set()  # whatever failed: the waiter must never hang
             with _AUDIT_LOCK:
                 if _NAMES.get(self.names_key) is threading.current_thread():
                     del _NAMES[self.names_key]
