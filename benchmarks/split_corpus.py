@@ -106,26 +106,23 @@ def _run_kernelkit(root: Path, name: str, work: Path, out: Path, n_steps: int, e
     return rows
 
 
-#: how many torch builds run at once with --torch-apart (each case's steps in build directories of their own)
-_TORCH_SLOTS = threading.BoundedSemaphore(os.cpu_count() or 1)
-
-
-def _run_torch_apart(root: Path, name: str, out: Path, steps, build: Path) -> dict:
+def _run_torch_apart(root: Path, name: str, out: Path, steps, build: Path, slots) -> dict:
     """Each step built by torch in a build directory of its own, side by side: a whole build per step (what
     torch's incremental rebuild of a one-file extension is anyway), so a case's torch side ends in one build's
     time on a host with cores to spare. For correctness runs; its seconds are not an edit's."""
     with concurrent.futures.ThreadPoolExecutor(max(1, len(steps))) as pool:
-        parts = pool.map(lambda i: _run_torch(root, name, out, [i], build / f"step{i}"), steps)
+        parts = pool.map(lambda i: _run_torch(root, name, out, [i], build / f"step{i}", slots), steps)
         return {k: v for part in parts for k, v in part.items()}
 
 
-def _run_torch(root: Path, name: str, out: Path, steps, build: Path) -> dict:
+def _run_torch(root: Path, name: str, out: Path, steps, build: Path, slots) -> dict:
+    """``slots``: a semaphore bounding the torch builds of every case at once (--torch-apart N)."""
     rows = {}
     for index in steps:
         meta = out / f"torch_{index}.json"
         cmd = [sys.executable, str(CORPUS / "torch_build.py"), name, str(index), "--root", str(root),
                "--out", str(out / f"torch_{index}.pt"), "--meta", str(meta), "--build", str(build)]
-        with _TORCH_SLOTS:
+        with slots:
             proc = subprocess.run(cmd, capture_output=True, text=True)
         rows[index] = json.loads(meta.read_text()) if meta.exists() else \
             {"built": False, "error": f"no result (exit {proc.returncode}): {proc.stderr[-1500:]}"}
@@ -133,6 +130,17 @@ def _run_torch(root: Path, name: str, out: Path, steps, build: Path) -> dict:
             rows[index]["run_error"] = f"{rows[index].get('run_error', '')} (exit {proc.returncode}): " \
                                        f"{(proc.stdout + proc.stderr)[-1500:]}"
     return rows
+
+
+_SEMAPHORES: dict = {}  # --torch-apart N -> the one semaphore every case's torch builds share
+
+
+def _slots(apart: int):
+    """The semaphore bounding torch's builds across all cases: N at once with --torch-apart N, else one per case's
+    sequence (its steps run one after another anyway)."""
+    if not apart:
+        return threading.BoundedSemaphore(1)
+    return _SEMAPHORES.setdefault(apart, threading.BoundedSemaphore(apart))
 
 
 def _equal(a, b) -> bool:
@@ -146,7 +154,7 @@ def _equal(a, b) -> bool:
 
 
 def run_case(root: Path, name: str, work: Path, torch_steps: str, env, build_only: bool, kinds=(),
-             sequential: bool = False, apart: bool = False) -> dict:
+             sequential: bool = False, apart: int = 0) -> dict:
     import torch
 
     case = cases(root)[name]
@@ -160,7 +168,7 @@ def run_case(root: Path, name: str, work: Path, torch_steps: str, env, build_onl
         if sequential:
             mine = _run_kernelkit(root, name, work / "kk_src", out, n, env, build_only)
         theirs = pool.submit(_run_torch_apart if apart else _run_torch, root, name, out, chosen,
-                             work / "torch_build" / name)
+                             work / "torch_build" / name, _slots(apart))
         if not sequential:
             mine = _run_kernelkit(root, name, work / "kk_src", out, n, env, build_only)
         torch_rows = theirs.result()
@@ -234,14 +242,11 @@ def main() -> int:
     env = dict(os.environ, KERNELKIT_CACHE_DIR=str(work / "kk_cache"))
     if args.fast_off:
         env["KERNELKIT_FAST"] = "0"
-    global _TORCH_SLOTS
-    if args.torch_apart:
-        _TORCH_SLOTS = threading.BoundedSemaphore(args.torch_apart)
     t0 = time.time()
     results = []
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(run_case, root, n, work, args.torch_steps, env, args.build_only, args.torch_kinds,
-                               args.sequential, bool(args.torch_apart)) for n in names]
+                               args.sequential, args.torch_apart) for n in names]
         for future in concurrent.futures.as_completed(futures):  # reported and written as each case ends
             r = future.result()
             results.append(r)

@@ -207,6 +207,17 @@ def test_an_unsplittable_file_is_refused_at_once_when_split_is_forced(work, monk
     assert running.STATS["compiles"] == before
 
 
+@pytest.mark.parametrize("flag", ["-arch=native", "-gencode=arch=compute_90,code=lto_90"])
+def test_a_file_whose_gpu_code_kernelkit_cannot_read_is_built_as_written(work, monkeypatch, flag):
+    """The proof compiles the file's PTX for each arch its flags name: flags that name none kernelkit can read (the
+    user's own -arch or -gencode, which replace kernelkit's) leave nothing to prove, so the file is not split."""
+    monkeypatch.setenv("KERNELKIT_TORCH_CU", "split")
+    before = running.STATS["compiles"]
+    with pytest.raises(KernelkitError, match="cannot be split: its flags name no GPU code kernelkit can read"):
+        kernelkit.load("kk_tcu_archs", [str(work / "relu_extension.cu")], load=False, extra_cuda_cflags=[flag])
+    assert running.STATS["compiles"] == before
+
+
 def test_the_strategy_asked_for_is_in_the_key_and_checked(work, monkeypatch):
     keys = {}
     for value in ("auto", "full", "split"):

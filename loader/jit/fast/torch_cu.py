@@ -30,7 +30,7 @@ from typing import Dict, FrozenSet, List, NamedTuple, Optional, Tuple
 from ... import settings
 from ...diagnostics import Diagnostic
 from ...errors import BuildError, KernelkitError
-from .. import cache, inputs, keys, running, sources, toolchain, units
+from .. import cache, inputs, keys, prebuilt, running, sources, toolchain, units
 from ..advice import SLOW_TORCH_UNIT_SECONDS, torch_cost_advice
 from ..progress import say
 from ..units import Target, Unit
@@ -120,6 +120,9 @@ def _split_into(unit: Unit, target: Target, out: Path, core) -> Optional[_Fallba
     host_flags = split.host_flags(unit.flags)
     if host_flags is None:
         return _Fallback("a flag in extra_cuda_cflags has no known meaning for the host compiler")
+    if not _arch_flags(unit.flags)[1]:  # the proof compiles the file's PTX for each arch: none read, none proven
+        return _Fallback("its flags name no GPU code kernelkit can read (an -arch or -gencode value such as native "
+                         "or lto_XX)")
     if "," in str(unit.path.parent):
         return _Fallback("a comma in the name of the file's folder (nvcc splits -Xcompiler values at commas)")
     host_unit = _host_unit(result, unit, host_flags)
@@ -406,21 +409,10 @@ def _torch_names_key(unit: Unit, result: split.Split) -> str:
 
 
 def _arch_flags(flags: List[str]) -> Tuple[List[str], List[str]]:
-    """(flags less the arch and output ones, each virtual arch ``compute_XX`` the flags build for)."""
-    rest, archs, it = [], [], iter(flags)
-    for f in it:
-        key, eq, value = f.partition("=")
-        if key in ("-gencode", "--generate-code"):
-            value = value if eq else next(it, "")
-            archs += [p.split("=", 1)[1] for p in value.split(",") if p.startswith("arch=")]
-        elif key in ("-arch", "--gpu-architecture"):
-            value = value if eq else next(it, "")
-            archs.append(value.replace("sm_", "compute_"))
-        elif f in ("-c", "--compile"):
-            continue
-        else:
-            rest.append(f)
-    return rest, sorted(set(archs))
+    """(flags less the GPU code and output ones, each virtual arch ``compute_XX`` the flags build for): the GPU
+    code as ``prebuilt.split_flags`` reads it, the one reader of nvcc's spellings."""
+    incs, codes, rest = prebuilt.split_flags([f for f in flags if f not in ("-c", "--compile")])
+    return [f"-I{d}" for d in incs] + rest, sorted({"compute_" + c.split("_", 1)[1] for c in codes})
 
 
 class Proof:
@@ -441,8 +433,7 @@ class Proof:
         self.thread = threading.Thread(target=self._run, name=f"kernelkit-proof-{unit.path.name}", daemon=True)
         if names_key:
             with _AUDIT_LOCK:
-                _NAMES[names_key] = self.thread
-            atexit.register(self.names_children.kill_all)  # a record cut short is written by the next first build
+                _NAMES[names_key] = self
         self.thread.start()
 
     def _run(self) -> None:
@@ -462,7 +453,7 @@ class Proof:
         finally:
             self.ptx_ready.set()  # whatever failed: the waiter must never hang
             with _AUDIT_LOCK:
-                if _NAMES.get(self.names_key) is threading.current_thread():
+                if _NAMES.get(self.names_key) is self:
                     del _NAMES[self.names_key]
 
     def _record_torch_names(self, kept: Path) -> None:
@@ -532,15 +523,24 @@ def _ptx(path: Path, flags: List[str], display: str, target: Target, nice: bool,
 
 _AUDITS: Dict[str, threading.Thread] = {}  # file -> its running background proof
 _PENDING: Dict[str, tuple] = {}  # file -> the newest edit waiting for that proof to end
-_NAMES: Dict[str, threading.Thread] = {}  # torch-names key -> the proof thread writing its record
+_NAMES: Dict[str, Proof] = {}  # torch-names key -> the proof whose thread is writing its record
 _AUDIT_LOCK = threading.Lock()
+
+
+@atexit.register
+def _cut_names_records_short() -> None:
+    """At exit, a torch-names record still being written is abandoned (the next first build writes it)."""
+    with _AUDIT_LOCK:
+        writing = list(_NAMES.values())
+    for proof in writing:
+        proof.names_children.kill_all()
 
 
 def _wait_for_names(names_key: str) -> None:
     with _AUDIT_LOCK:
         writing = _NAMES.get(names_key)
     if writing is not None:
-        writing.join()
+        writing.thread.join()
 
 
 def _audit_later(unit: Unit, target: Target, device: Tuple[Unit, str], frame: str,
@@ -583,7 +583,7 @@ def wait_for_audits(timeout: Optional[float] = None) -> None:
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         with _AUDIT_LOCK:
-            running = [t for t in [*_AUDITS.values(), *_NAMES.values()] if t.is_alive()]
+            running = [t for t in [*_AUDITS.values(), *(p.thread for p in _NAMES.values())] if t.is_alive()]
         if not running:
             return
         running[0].join(None if deadline is None else max(0.0, deadline - time.monotonic()))
