@@ -110,8 +110,10 @@ def _run_torch_apart(root: Path, name: str, out: Path, steps, build: Path, slots
     """Each step built by torch in a build directory of its own, side by side: a whole build per step (what
     torch's incremental rebuild of a one-file extension is anyway), so a case's torch side ends in one build's
     time on a host with cores to spare. For correctness runs; its seconds are not an edit's."""
+    # torch_build.py writes a step's sources beside its build directory (in its parent's src/): a parent per step,
+    # or the steps' texts overwrite one another while the others compile
     with concurrent.futures.ThreadPoolExecutor(max(1, len(steps))) as pool:
-        parts = pool.map(lambda i: _run_torch(root, name, out, [i], build / f"step{i}", slots), steps)
+        parts = pool.map(lambda i: _run_torch(root, name, out, [i], build / f"step{i}" / "build", slots), steps)
         return {k: v for part in parts for k, v in part.items()}
 
 

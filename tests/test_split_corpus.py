@@ -118,3 +118,26 @@ def _local(result, name):
     """The case's headers a split wrote into its TUs, relative to the case folder."""
     folder = (ROOT / name).resolve()
     return [str(Path(h).relative_to(folder)) for h in result.headers if Path(h).is_relative_to(folder)]
+
+
+def test_torch_steps_built_apart_each_write_their_sources_into_a_folder_of_their_own(tmp_path, monkeypatch):
+    """benchmarks/split_corpus.py --torch-apart: torch_build.py writes a step's texts into its build directory's
+    parent (src/); steps built side by side must not share it, or one step compiles another's text."""
+    import importlib.util
+    import threading
+
+    spec = importlib.util.spec_from_file_location("kk_split_corpus_bench",
+                                                  Path(__file__).parents[1] / "benchmarks" / "split_corpus.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    seen = {}
+
+    def fake_run_torch(root, name, out, steps, build, slots):
+        seen[steps[0]] = build.parent / "src"  # where torch_build.py would write this step's texts
+        return {steps[0]: {"built": True}}
+
+    monkeypatch.setattr(bench, "_run_torch", fake_run_torch)
+    rows = bench._run_torch_apart(ROOT, "launch_forms", tmp_path, [-1, 0, 1, 2], tmp_path / "torch_build" / "c",
+                                  threading.BoundedSemaphore(4))
+    assert sorted(rows) == [-1, 0, 1, 2]
+    assert len(set(seen.values())) == 4, seen
