@@ -134,17 +134,6 @@ def _run_torch(root: Path, name: str, out: Path, steps, build: Path, slots) -> d
     return rows
 
 
-_SEMAPHORES: dict = {}  # --torch-apart N -> the one semaphore every case's torch builds share
-
-
-def _slots(apart: int):
-    """The semaphore bounding torch's builds across all cases: N at once with --torch-apart N, else one per case's
-    sequence (its steps run one after another anyway)."""
-    if not apart:
-        return threading.BoundedSemaphore(1)
-    return _SEMAPHORES.setdefault(apart, threading.BoundedSemaphore(apart))
-
-
 def _equal(a, b) -> bool:
     import torch
 
@@ -156,7 +145,8 @@ def _equal(a, b) -> bool:
 
 
 def run_case(root: Path, name: str, work: Path, torch_steps: str, env, build_only: bool, kinds=(),
-             sequential: bool = False, apart: int = 0) -> dict:
+             sequential: bool = False, apart: bool = False, slots=None) -> dict:
+    """``slots``: the semaphore every case's torch builds share (main's: N at once with --torch-apart N)."""
     import torch
 
     case = cases(root)[name]
@@ -170,7 +160,7 @@ def run_case(root: Path, name: str, work: Path, torch_steps: str, env, build_onl
         if sequential:
             mine = _run_kernelkit(root, name, work / "kk_src", out, n, env, build_only)
         theirs = pool.submit(_run_torch_apart if apart else _run_torch, root, name, out, chosen,
-                             work / "torch_build" / name, _slots(apart))
+                             work / "torch_build" / name, slots or threading.BoundedSemaphore(1))
         if not sequential:
             mine = _run_kernelkit(root, name, work / "kk_src", out, n, env, build_only)
         torch_rows = theirs.result()
@@ -244,11 +234,12 @@ def main() -> int:
     env = dict(os.environ, KERNELKIT_CACHE_DIR=str(work / "kk_cache"))
     if args.fast_off:
         env["KERNELKIT_FAST"] = "0"
+    slots = threading.BoundedSemaphore(args.torch_apart or os.cpu_count() or 1)
     t0 = time.time()
     results = []
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(run_case, root, n, work, args.torch_steps, env, args.build_only, args.torch_kinds,
-                               args.sequential, args.torch_apart) for n in names]
+                               args.sequential, bool(args.torch_apart), slots) for n in names]
         for future in concurrent.futures.as_completed(futures):  # reported and written as each case ends
             r = future.result()
             results.append(r)
