@@ -22,7 +22,7 @@ import pytest
 
 from kernelkit import settings
 from kernelkit.errors import KernelkitError
-from kernelkit.jit import cache, obtain, remote, running, units
+from kernelkit.jit import cache, obtain, remote, running, toolchain, units
 from kernelkit.jit.remote import entries, signing, stores
 
 pytest.importorskip("fsspec")
@@ -402,6 +402,114 @@ def test_fail_on_miss_raises_instead_of_compiling(env, tmp_path, store_dir, keys
     with pytest.raises(KernelkitError, match="KERNELKIT_REMOTE_CACHE_REQUIRE is on .* holds no entry of f"):
         obtain.obtain(make_target(tmp_path / "src", 3))
     assert running.STATS["compiles"] == compiles and libraries() == []
+
+
+# ------------------------------------------------------------------------------------ the toolchain facts
+LOAD_READER = """
+import json, sys
+import kernelkit
+from kernelkit.jit import remote, running
+kernelkit.load("kk_facts_ext", [{src!r}], is_python_module=False)
+print(json.dumps({{"compiles": running.STATS["compiles"], "remote": remote.STATS,
+                  "imported": [m for m in ("torch.utils.cpp_extension", "setuptools") if m in sys.modules]}}))
+"""
+
+
+def _load_in_a_process(tmp_path, src: Path, cache_name: str, extra_env: dict) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELKIT_REMOTE_CACHE")}
+    env.update(extra_env, KERNELKIT_CACHE_DIR=str(tmp_path / cache_name))
+    proc = subprocess.run([sys.executable, "-c", LOAD_READER.format(src=str(src))], env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _facts_blob(store_dir: Path) -> Path:
+    return store_dir / "records" / "toolchain" / f"{toolchain.facts_key()}.json"
+
+
+def test_a_reader_with_an_empty_cache_plans_with_the_writers_toolchain_facts(env, tmp_path, keys, store_dir):
+    """The writer publishes its toolchain facts beside its first entry; a reader with an empty local cache takes
+    them and loads a torch-style extension with neither a compile nor the import of torch.utils.cpp_extension (and
+    setuptools) that working them out costs. Without the record in the store, the same reader imports both."""
+    setup_remote(env, file_url(store_dir), secret=keys["secret"])
+    src = tmp_path / "ext.cpp"
+    src.write_text(TU.format(value=4))
+    import kernelkit
+
+    kernelkit.load("kk_facts_ext", [src], is_python_module=False)
+    assert _facts_blob(store_dir).is_file()
+    team = {settings.REMOTE_CACHE.name: file_url(store_dir), settings.REMOTE_CACHE_SECRET.name: str(keys["secret"])}
+    reader = _load_in_a_process(tmp_path, src, "cache-reader", team)
+    assert (reader["compiles"], reader["remote"]["fetched"], reader["remote"]["facts_fetched"]) == (0, 1, 1)
+    assert reader["imported"] == []
+    _facts_blob(store_dir).unlink()
+    alone = _load_in_a_process(tmp_path, src, "cache-reader-2", team)
+    assert (alone["compiles"], alone["remote"]["fetched"], alone["remote"]["facts_fetched"]) == (0, 1, 0)
+    assert alone["imported"] == ["torch.utils.cpp_extension", "setuptools"]
+
+
+@pytest.fixture
+def facts_unknown():
+    """This process forgets its toolchain facts (the next use reads the record of the cache then set), and again
+    after the test, so no later test sees what this one planted."""
+    toolchain.facts.cache_clear()
+    yield
+    toolchain.facts.cache_clear()
+
+
+def _resign_facts(store_dir: Path, secret: Path, **changes) -> None:
+    """The stored facts record's manifest with ``changes`` (``facts`` merged into its facts), signed again with
+    ``secret``: what a writer holding it could put there."""
+    entry = json.loads(_facts_blob(store_dir).read_text())
+    manifest = json.loads(entry["manifest"])
+    manifest["facts"].update(changes.pop("facts", {}))
+    manifest.update(changes)
+    entry["manifest"] = json.dumps(manifest, sort_keys=True)
+    entry["signature"] = signing.Secret(secret.read_bytes().strip()).sign(entry["manifest"].encode())
+    _facts_blob(store_dir).write_text(json.dumps(entry))
+
+
+def _marked(flags):
+    return list(flags) + ["-DKK_FACTS_FROM_THE_STORE"]
+
+
+@pytest.mark.parametrize("tamper, reason", [
+    (lambda d, k: _resign_facts(d, k["other_secret"]), "unknown signer"),
+    (lambda d, k: _resign_facts(d, k["secret"], key="0" * 24), "moved or wrong key"),
+    (lambda d, k: _facts_blob(d).write_text(_facts_blob(d).read_text().replace("nvcc_flags", "nvcc_flagz")),
+     "does not match its manifest"),
+], ids=["foreign", "moved", "edited"])
+def test_a_bad_facts_record_is_refused_and_the_facts_worked_out(env, tmp_path, store_dir, keys, facts_unknown,
+                                                                 tamper, reason, caplog):
+    _published(env, tmp_path, store_dir, keys)
+    _resign_facts(store_dir, keys["secret"], facts={"nvcc_flags": _marked(toolchain.facts()["nvcc_flags"])})
+    tamper(store_dir, keys)
+    fresh_local_cache(env, tmp_path, "cache-reader")
+    toolchain.facts.cache_clear()
+    before = remote.STATS["refused"]
+    assert remote.supply_toolchain_facts() is False and remote.STATS["refused"] == before + 1
+    assert cache.read_record("toolchain", toolchain.facts_key()) == {}
+    assert any(reason in r.getMessage() for r in caplog.records)
+    assert "-DKK_FACTS_FROM_THE_STORE" not in toolchain.facts()["nvcc_flags"]
+
+
+@pytest.mark.parametrize("same_toolkit", [True, False], ids=["same-toolkit", "other-toolkit"])
+def test_facts_from_the_store_are_used_only_while_they_name_the_readers_toolkit(env, tmp_path, store_dir, keys,
+                                                                               facts_unknown, same_toolkit):
+    """A trusted record lands in the local cache, where toolchain.facts checks it as one of its own: facts whose
+    toolkit files have another size or mtime here (another machine's install) are worked out again."""
+    _published(env, tmp_path, store_dir, keys)
+    files = dict(toolchain.facts()["files"])
+    if not same_toolkit:
+        files = {path: "1:1" for path in files}
+    _resign_facts(store_dir, keys["secret"],
+                  facts={"nvcc_flags": _marked(toolchain.facts()["nvcc_flags"]), "files": files})
+    fresh_local_cache(env, tmp_path, "cache-reader")
+    toolchain.facts.cache_clear()
+    assert remote.supply_toolchain_facts() is True
+    assert ("-DKK_FACTS_FROM_THE_STORE" in toolchain.facts()["nvcc_flags"]) is same_toolkit
+    assert remote.supply_toolchain_facts() is False  # known now: the store is not asked again
 
 
 # ----------------------------------------------------------------------------------------------- wrong arch

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..errors import KernelkitError
-from . import fast, syntax, toolchain
+from . import fast, remote, syntax, toolchain
 from .cache import source_bytes, write_source
 from .cards import Card
 from .sources import INCLUDE, sha256_bytes
@@ -75,6 +75,7 @@ def plan_card(card: Card, arch, extra_cflags, extra_cuda_cflags, extra_ldflags,
               extra_include_paths, dtype_shards: bool = True) -> Target:
     """``dtype_shards=False``: each .cu as one TU wherever this machine would shard it (an ahead-of-time build,
     which no edit follows)."""
+    remote.supply_toolchain_facts()
     spec = card.spec
     cflags = list(getattr(spec, "extra_cflags", ()) or ()) + extra_cflags
     cuflags = list(getattr(spec, "extra_cuda_cflags", ()) or ()) + extra_cuda_cflags
@@ -126,6 +127,7 @@ def plan_inline(name: str, cuda: Optional[str], cpp: Optional[str], funcs: Dict[
                 cuflags, ldflags, include_paths, gil_not_used: bool = False) -> Target:
     """kernelkit's own inline form: ``cuda`` is device code compiled alone (fast to rebuild when it keeps
     torch out), ``cpp`` the binding with ``KERNELKIT_LIBRARY`` or ``functions`` bound by pybind11."""
+    remote.supply_toolchain_facts()
     include_dirs = [INCLUDE] + [Path(p).resolve() for p in include_paths]
     with_cuda = bool(cuda)
     if with_cuda:
@@ -197,6 +199,7 @@ def plan_extension(name: str, sources: Sequence[Path], *, arch=None, extra_cflag
     can open a cached build but not build one), and record a full plan for the next process."""
     if not name.isidentifier():
         raise ValueError(f"name: expected a Python identifier (it names the extension module), got {name!r}")
+    remote.supply_toolchain_facts()  # a fresh machine of the team's image plans without working them out
     has_cuda_files = any(s.suffix in CUDA_SUFFIXES for s in sources)
     with_cuda = _with_cuda(with_cuda, sources, has_cuda_files)
     if with_cuda:

@@ -6,7 +6,8 @@ checked, landed in the local cache; that local path, or None (not there, refused
 ``publish(target, so)``: after a build, the library signed and put in the store (a failure warns once and is
 otherwise ignored). Modules: ``stores`` (the four verbs over fsspec and redis, bounded), ``signing`` (HMAC and
 ed25519), ``entries`` (the signed manifest: packing and verifying), ``landing`` (into the local cache),
-``configured`` (the settings, and what the process has learnt about its store).
+``configured`` (the settings, and what the process has learnt about its store), ``facts`` (the toolchain facts
+record: ``supply_toolchain_facts`` before a plan, published beside the first entry a process publishes).
 """
 from __future__ import annotations
 
@@ -17,14 +18,16 @@ from typing import Optional, Tuple
 from ... import settings
 from ...errors import CacheUnwritable, KernelkitError
 from ..progress import say
-from . import configured, entries, landing, signing, stores
+from . import configured, entries, facts, landing, signing, stores
 
 log = logging.getLogger("kernelkit")
 
 #: what this process did with the remote cache (tests, and a curious user)
-STATS = {"fetched": 0, "misses": 0, "refused": 0, "published": 0}
+STATS = {"fetched": 0, "misses": 0, "refused": 0, "published": 0, "facts_fetched": 0}
+#: (store URL, facts key) whose facts record this process has published or found in the store
+_FACTS_SHARED: set = set()
 
-__all__ = ["STATS", "fetch", "forget", "keygen", "publish", "why"]
+__all__ = ["STATS", "fetch", "forget", "keygen", "publish", "supply_toolchain_facts", "why"]
 
 
 def fetch(target) -> Optional[Path]:
@@ -74,6 +77,53 @@ def _fetch(remote, target) -> Tuple[Optional[Path], str]:
         STATS["fetched"] += 1
         say(f"{target.name}: fetched from the remote cache {remote.shown} (signed by {manifest['signed_by']})")
     return so, "" if so is not None else "it did not verify once in the local cache"
+
+
+def supply_toolchain_facts() -> bool:
+    """Before a plan: where this process has no toolchain facts yet and its local cache no record of them, the
+    store's record for this environment (signed by a trusted key) lands in the local cache, for ``toolchain.facts``
+    to check and use as its own; whether one landed. Costs nothing without a remote cache or with a local record."""
+    if not settings.REMOTE_CACHE.get():
+        return False
+    from .. import cache, toolchain
+
+    if toolchain.facts.cache_info().currsize or cache.read_record("toolchain", toolchain.facts_key()):
+        return False
+    remote, _ = configured.current()
+    if remote is None or not remote.read:
+        return False
+    key = toolchain.facts_key()
+    try:
+        raw = remote.call(lambda: remote.store.get(facts.name(key), facts.CAP))
+        if raw is None:
+            return False
+        record = facts.verified(raw, key, remote.trusted)
+    except entries.Refused as e:
+        STATS["refused"] += 1
+        log.warning("kernelkit: refused the remote cache's toolchain facts %s from %s: %s", key[:16], remote.shown, e)
+        return False
+    except stores.Unreachable as e:
+        configured.give_up(remote, str(e))
+        return False
+    try:
+        cache.write_record("toolchain", key, record)
+    except CacheUnwritable:
+        return False
+    STATS["facts_fetched"] += 1
+    return True
+
+
+def _publish_facts(remote) -> None:
+    """The facts this process planned with, signed beside its first published entry (once per store and key)."""
+    from .. import toolchain
+
+    key = toolchain.facts_key()
+    if (remote.url, key) in _FACTS_SHARED:
+        return
+    if not remote.call(lambda: remote.store.exists(facts.name(key))):
+        blob = facts.pack(key, dict(toolchain.facts()), remote.signer)
+        remote.call(lambda: remote.store.put(facts.name(key), blob), len(blob))
+    _FACTS_SHARED.add((remote.url, key))
 
 
 def _nearest(remote, target) -> str:
@@ -127,6 +177,7 @@ def publish(target, so: Path, build_seconds: float = 0.0) -> bool:
             return False  # published already (by another process of the team: same key, same inputs)
         for name, data in entries.pack(target, so, remote.signer, build_seconds):
             remote.call(lambda name=name, data=data: remote.store.put(name, data), len(data))
+        _publish_facts(remote)
     except stores.Unreachable as e:
         configured.give_up(remote, str(e), publishing=True)
         return False
@@ -146,3 +197,4 @@ def keygen(directory: Path) -> Tuple[Path, Path]:
 def forget() -> None:
     """Forget what this process learnt about its store (one given up on is asked again)."""
     configured.forget()
+    _FACTS_SHARED.clear()
