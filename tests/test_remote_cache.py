@@ -744,6 +744,24 @@ def test_a_store_that_does_not_answer_costs_its_timeout_once(env, tmp_path, keys
     assert "no answer within 1 s" in said[0] or "Timeout reading" in said[0]  # our deadline or the client's
 
 
+def test_a_store_that_does_not_answer_when_asked_for_the_facts_costs_its_timeout_once(env, tmp_path, keys,
+                                                                                       facts_unknown, caplog):
+    """The first request of a process with an empty cache is now the plan's, for the toolchain facts: a store that
+    does not answer it is given up there, and the fetch that follows does not wait again."""
+    pytest.importorskip("redis")
+    with _silent_server() as port:
+        setup_remote(env, f"redis://127.0.0.1:{port}/0", secret=keys["secret"], timeout="1")
+        t0 = time.monotonic()
+        assert remote.supply_toolchain_facts() is False
+        asked = time.monotonic() - t0
+        t0 = time.monotonic()
+        so, cached, seconds = obtain.obtain(make_target(tmp_path / "a", 1))
+        after = time.monotonic() - t0 - seconds
+    assert call_f(so) == 1 and not cached
+    assert 0.9 < asked < 4 and after < 0.9
+    assert sum("unreachable" in r.getMessage() for r in caplog.records) == 1
+
+
 def test_a_store_that_is_gone_falls_back_to_a_local_build(env, tmp_path, keys, caplog):
     pytest.importorskip("redis")
     with _redis(tmp_path) as url:
