@@ -1,5 +1,6 @@
-"""A host-code edit of a split torch-style .cu, timed in one process as a notebook makes it, beside the floor gcc
-sets for it: an empty TU that includes the same precompiled preamble, compiled with the same flags.
+"""A host-code edit of a torch-style extension (the host side of a split .cu, or a .cpp), timed in one process as a
+notebook makes it, beside the floor gcc sets for it: an empty TU that includes the same precompiled header (a split's
+preamble, or the torch header a .cpp starts with), compiled with the same flags.
 
 For each case of the split corpus (tests/fixtures/split_corpus) with a ``host_edit`` step: the case's text up to
 that step is built, the precompiled preamble is waited for, then ``--edits`` host edits are made one after another
@@ -8,7 +9,7 @@ until ``kernelkit.load`` returns. Every compiler run is logged through KERNELKIT
 says how long the host TU's compile took; the rest is planning, the split, hashing and the link.
 Compile and link only: no GPU needed, nothing is run.
 
-Usage: python benchmarks/host_edit_bench.py [--cases layernorm_welford extension_plus_cuh] [--edits 3]
+Usage: python benchmarks/host_edit_bench.py [--cases layernorm_welford extension_plus_cuh cem_cu_cpp_pair] [--edits 3]
        [--work DIR] [--json out.json]
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "fixtures" / "split_corpus"
@@ -50,21 +52,31 @@ def _runs(log: Path, since: float):
 
 
 def _pch_ready(cache_dir: Path, seconds: float = 400) -> bool:
+    """Whether every precompiled header the build started is complete (at least one), waiting up to ``seconds``."""
     deadline = time.time() + seconds
     while time.time() < deadline:
-        if list(cache_dir.glob("v*/pch/*/pch.json")) and not list(cache_dir.glob("v*/pch/*/.*.gch.*")):
+        roots = list(cache_dir.glob("v*/pch/*"))
+        if roots and all((r / "pch.json").exists() for r in roots) and not list(cache_dir.glob("v*/pch/*/**/.*.gch.*")):
             return True
         time.sleep(1)
     return False
 
 
-def _floor(argv, work: Path) -> float:
-    """The host TU's compile command run on an empty TU that includes only its precompiled preamble."""
-    pch = next(Path(a[2:]) for a in argv if a.startswith("-I") and (Path(a[2:]) / "pch.json").exists())
-    header = next(p.name[:-len(".gch")] for p in pch.iterdir() if p.name.endswith(".h.gch"))
+def _floor(argv, work: Path) -> Optional[float]:
+    """The host TU's compile command run on an empty TU that includes only its precompiled header (None: it was
+    compiled without one)."""
+    pch = next((Path(a[2:]) for a in argv if a.startswith("-I") and (Path(a[2:]) / "pch.json").exists()), None)
+    if pch is None:
+        return None
+    header = next(str(p.relative_to(pch))[:-len(".gch")] for p in pch.rglob("*.h.gch"))
     empty = work / "empty.cpp"
     empty.write_text(f"#include <{header}>\n")
-    flags = argv[1:-4]  # the compiler, then its flags, then -c TU -o OBJ
+    flags, rest = [], iter(argv[1:-4])  # the compiler, then its flags, then -c TU -o OBJ
+    for f in rest:  # less the build's depfile, whose folder is gone
+        if f == "-MF":
+            next(rest, None)
+        elif f != "-MD":
+            flags.append(f)
     t0 = time.perf_counter()
     subprocess.run([argv[0], *flags, "-c", str(empty), "-o", str(work / "empty.o")], check=True)
     return time.perf_counter() - t0
@@ -96,13 +108,15 @@ def child(name: str, work: Path, edits: int) -> None:
         t0 = time.time()
         kernelkit.load(f"kkh_{name}", sources, is_python_module=case.pybind, **case.load)
         seconds = time.time() - t0
-        host = [(s, argv) for _, s, argv in _runs(log, t0) if argv[-1].endswith(".o") and "tabled.ii" in " ".join(argv)]
+        host = [(s, argv) for _, s, argv in _runs(log, t0) if argv[-1].endswith(".o") and argv[-3].endswith(
+            "tabled.ii" if rel.endswith(".cu") else rel)]  # a split .cu's host TU, or the edited .cpp itself
         row = {"case": name, "edit": i, "seconds": round(seconds, 3),
                "host_compile": round(max((s for s, _ in host), default=0.0), 3),
                "runs": [(round(t - t0, 2), round(s, 2), Path(argv[0]).name, Path(argv[-1]).name)
                         for t, s, argv in _runs(log, t0)]}
-        if host and i == edits - 1:
-            row["floor"] = round(_floor(host[-1][1], work), 3)
+        floor = _floor(host[-1][1], work) if host and i == edits - 1 else None
+        if floor is not None:
+            row["floor"] = round(floor, 3)
         print(json.dumps(row), flush=True)
 
 

@@ -484,3 +484,71 @@ def test_functions_passed_in_torch_2_7s_position_get_a_hint_on_a_newer_torch():
     with pytest.raises(ValueError, match=r"\['twice'\] looks like function names: .* pass functions=\[...\] by keyword"):
         kernelkit.load_inline("kk_old_order", INLINE_CPP_A, None, ["twice"])
     assert kernelkit.STATS["compiles"] == before
+
+
+# ----------------------------------------------------------------- a C++ file's first torch header, precompiled
+LEADING = """// a light torch header first, so the test pays ~1 s for its precompiled header, not ~40 s
+#include <c10/core/ScalarType.h>
+#include <string>
+
+std::string kk_leading_name(int i) { return c10::toString(static_cast<c10::ScalarType>(i)); }
+"""
+
+
+def _leading_unit(tmp_path, text, name="lead.cpp", extra_include_paths=()):
+    (tmp_path / name).write_text(text)
+    target = plan.plan_extension("kk_lead", [tmp_path / name], with_cuda=False, is_python_module=False,
+                                 extra_include_paths=[str(p) for p in extra_include_paths])
+    return target, target.units[0]
+
+
+@pytest.mark.fast_path("pch")
+def test_a_cpp_files_leading_torch_header_is_precompiled_and_the_object_is_the_same(tmp_path, monkeypatch):
+    """An extension's .cpp (and load_inline's main.cpp) starts with a torch header, whose parse is most of its
+    compile (~17 of ~18 s for <torch/extension.h> on 2 cores). gcc reads it precompiled, found as ``<h>.gch`` ahead
+    of the header; the object must be the one gcc makes without it, byte for byte, and the build's check of what
+    the compiler read must pass."""
+    import subprocess as sp
+
+    from kernelkit.jit import build, cache, running, toolchain
+    from kernelkit.jit.fast import pch
+
+    if not toolchain.is_gcc():
+        pytest.skip("precompiled headers are used with gcc only")
+    target, unit = _leading_unit(tmp_path, LEADING)
+    root, gch, cmd = pch.plan(unit)
+    assert gch == "c10/core/ScalarType.h.gch" and cmd[-1].endswith("/c10/core/ScalarType.h")
+    assert not any(f.startswith("-DTORCH_EXTENSION_NAME=") for f in cmd)  # shared by every extension's name
+    monkeypatch.setenv("KERNELKIT_PCH", "0")
+    assert pch.flags(unit) == []
+    build.compile_as_written(unit, target, tmp_path / "plain.o", tmp_path / "plain.d")
+    monkeypatch.setenv("KERNELKIT_PCH", "1")
+    made = root / gch
+    made.parent.mkdir(parents=True, exist_ok=True)
+    sp.run([sys.executable, "-c", pch._PCH_BUILDER, "0", str(made.with_name(f".{made.name}.tmp")), str(made),
+            str(root / cache.PCH_META), *cmd], check=True)
+    assert cache.pch_ready(root)
+    before = dict(running.STATS)
+    obj = build.compile_cached(unit, target)  # the full path: it checks the compiler's depfile against the key
+    assert running.STATS["pch_used"] == before["pch_used"] + 1 and running.STATS["pch_rejected"] == before["pch_rejected"]
+    assert running.STATS["compiles"] == before["compiles"] + 1
+    assert obj.read_bytes() == (tmp_path / "plain.o").read_bytes()
+
+
+@pytest.mark.fast_path("pch")
+def test_a_cpp_file_gets_no_leading_pch_unless_its_first_line_is_a_torch_header_found_in_torch(tmp_path):
+    from kernelkit.jit.fast import pch
+
+    body = "\nint kk_f() { return c10::elementSize(c10::ScalarType::Float); }\n"
+    for text in ("#define KK_BEFORE 1\n#include <c10/core/ScalarType.h>" + body,  # a macro gcc would have to judge
+                 "#include <vector>\n#include <c10/core/ScalarType.h>" + body,  # not torch's
+                 "#ifdef KK_X\n#endif\n#include <c10/core/ScalarType.h>" + body):
+        _, unit = _leading_unit(tmp_path, text)
+        assert unit.uses_torch and pch.plan(unit) is None, text
+    mine = tmp_path / "inc"
+    (mine / "c10" / "core").mkdir(parents=True)
+    (mine / "c10" / "core" / "ScalarType.h").write_text("#include_next <c10/core/ScalarType.h>\n")
+    _, unit = _leading_unit(tmp_path, "#include <c10/core/ScalarType.h>" + body, extra_include_paths=[mine])
+    assert pch.plan(unit) is None  # a header of that name in the user's own include dir is theirs
+    _, unit = _leading_unit(tmp_path, "/* licence */\n#include <c10/core/ScalarType.h>" + body)
+    assert pch.plan(unit)[1] == "c10/core/ScalarType.h.gch"  # the control: comments before it are fine

@@ -89,6 +89,19 @@ def includes_torch(text: str) -> bool:
     return False
 
 
+def leading_include(text: str) -> Optional[str]:
+    """The name in ``#include <name>`` when that directive is the first thing in ``text`` but comments (where gcc can
+    take the header precompiled), else None."""
+    for node in parse(text).root_node.children:
+        if node.type == "comment":
+            continue
+        path = node.child_by_field_name("path") if node.type == "preproc_include" else None
+        if path is None or path.type != "system_lib_string" or node.has_error:
+            return None
+        return path.text.decode(errors="replace")[1:-1].strip() or None
+    return None
+
+
 def line_names(text: str) -> FrozenSet[str]:
     """The file names ``#line`` directives in ``text`` give (nvcc's dependency file lists them as if read)."""
     if "#line" not in text:

@@ -40,10 +40,10 @@ PATHS = (
              docs=_PERF + "device-code-only-an-edit-inside-kernel-bodies-keeps-the-host-side",
              test="tests/test_device_rebuild.py"),
     FastPath("pch", hooks=("compile_as_written",),
-             gates="gcc; a card's binding or a split host TU's torch preamble; a verified PCH for the TU's flags "
-                   "(else one is built in the background)",
+             gates="gcc; a card's binding, a split host TU's torch preamble, or a C++ file whose first line includes "
+                   "a torch header; a verified PCH for the TU's flags (else one is built in the background)",
              docs=_PERF + "where-a-split-host-tus-seconds-go-2026-12-06",
-             test="tests/test_faults.py tests/test_torch_cu.py"),
+             test="tests/test_faults.py tests/test_torch_cu.py tests/test_cpp_extension.py"),
     FastPath("dtype_shards", hooks=("expand",),
              gates="a card's .cu with a dtype dispatch, on 4+ cores (KERNELKIT_DTYPE_SHARDS=on: any machine)",
              docs=_PERF + "a-cards-math-edit-the-cu-in-dtype-shards",

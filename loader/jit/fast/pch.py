@@ -1,6 +1,7 @@
 """Precompiled headers of torch's headers, for host TUs that start with them: <kernelkit/binding.h> (a card's
-binding) and a split host TU's preamble. Why: gcc parses torch's headers in ~25 s per TU; with the PCH a binding
-or host edit skips that. A missing PCH is built in a detached process (at once on 4+ cores, else niced once the
+binding), a split host TU's preamble, and the torch header a C++ file includes first (an extension's ``.cpp``,
+load_inline's ``main.cpp``). Why: gcc parses torch's headers in ~25 s per TU; with the PCH a binding or host edit
+skips that. A missing PCH is built in a detached process (at once on 4+ cores, else niced once the
 build that wanted it is done), verified by sha256 before use; a PCH gcc cannot read is dropped and the TU
 compiled without it. KERNELKIT_PCH=off (or KERNELKIT_FAST=off) turns it off.
 """
@@ -16,7 +17,7 @@ from typing import List, Optional, Tuple
 
 from ... import settings
 from ...errors import BuildError
-from .. import cache, keys, running, sources, toolchain
+from .. import cache, keys, running, sources, syntax, toolchain
 from ..progress import say
 from ..running import count, state
 from ..sources import INCLUDE, digest_tree, scan_includes
@@ -64,11 +65,14 @@ def at_once() -> bool:
     return settings.PCH.get() == "on" or (os.cpu_count() or 1) >= PCH_AT_ONCE_CPUS
 
 
-def plan(unit: Unit) -> Tuple[Path, str, List[str]]:
-    """Where the precompiled header for this TU's flags lives, its file there, and the command making it."""
+def plan(unit: Unit) -> Optional[Tuple[Path, str, List[str]]]:
+    """Where the precompiled header for this TU's flags lives, its file there, and the command making it; None for
+    a TU that starts with no header worth it."""
     if unit.pch_header is not None:
         return _preamble_plan(unit, unit.pch_header)
-    return _binding_plan(unit)
+    if unit.pch_defines is not None:
+        return _binding_plan(unit)
+    return _leading_plan(unit) if unit.kind == "cpp" and unit.uses_torch else None
 
 
 def _preamble_plan(unit: Unit, header: Path) -> Tuple[Path, str, List[str]]:
@@ -89,6 +93,27 @@ def _preamble_plan(unit: Unit, header: Path) -> Tuple[Path, str, List[str]]:
     return cache.subdir("pch") / key, f"{header.name}.gch", [toolchain.cxx(), *flags,
                                                               *[f"-I{d}" for d in unit.local_dirs], "-x",
                                                               "c++-header", str(header)]
+
+
+def _leading_plan(unit: Unit) -> Optional[Tuple[Path, str, List[str]]]:
+    """A C++ file whose first line is ``#include <h>`` for a header of torch's: ``h`` precompiled with the file's
+    flags (less ``-DTORCH_EXTENSION_NAME``, which torch's headers never use: gcc checks that a macro defined only at
+    use does not touch the PCH), and found by gcc as ``<root>/h.gch`` ahead of ``h`` itself. A header of that name
+    among the file's own include dirs (outside the toolchain's) is the user's, and gets none."""
+    name = syntax.leading_include(cache.source_bytes(unit.path).decode("utf-8", "surrogateescape"))
+    if name is None or any((d / name).is_file() for d in sources.include_search(unit.flags, False,
+                                                                              keys.toolchain_dirs()).angle):
+        return None
+    torch_dirs = [Path(p).resolve() for p in toolchain.torch_include_paths(False)]
+    search = sources.include_search(unit.flags, False)
+    header = next((d / name for d in search.angle if (d / name).is_file()), None)
+    if header is None or not sources.under(header.resolve(), torch_dirs):
+        return None
+    flags = [f for f in unit.flags if not f.startswith("-DTORCH_EXTENSION_NAME=")]
+    text = header.read_text(errors="replace")
+    deps, _, roots = keys.unit_inputs("cpp", header, text, flags)
+    key = keys.pch_key(toolchain.fingerprint(), flags, [f"<{name}>"], digest_tree(text.encode(), deps, roots))
+    return cache.subdir("pch") / key, f"{name}.gch", [toolchain.cxx(), *flags, "-x", "c++-header", str(header)]
 
 
 def _binding_plan(unit: Unit) -> Tuple[Path, str, List[str]]:
@@ -115,9 +140,10 @@ def flags(unit: Unit, target: Optional[Target] = None) -> List[str]:
     """Flags that use a ready, verified PCH; if there is none yet, start building it in a detached
     process (it outlives this one and is renamed into place when complete), so this build is not slowed:
     at once, or when ``target``'s build is done (``at_once``)."""
-    if (unit.pch_defines is None and unit.pch_header is None) or not enabled():
+    planned = plan(unit) if enabled() else None
+    if planned is None:
         return []
-    root, gch, cmd = plan(unit)
+    root, gch, cmd = planned
     if cache.pch_ready(root):
         count("pch_used")
         return [f"-I{root}", "-Winvalid-pch"]  # gcc skips a PCH it cannot use and reads the header
@@ -157,7 +183,7 @@ def _start_pch_build(root: Path, gch_name: str, cmd: List[str], nice: bool = Fal
 
 
 def _drop_pch(unit: Unit) -> None:
-    root, _, _ = plan(unit)
+    root, _, _ = plan(unit)  # planned: the unit was compiled with it
     fd = cache.try_flock(root / cache.PCH_CLAIM)
     if fd is not None:
         try:

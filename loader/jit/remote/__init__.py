@@ -87,12 +87,14 @@ def supply_toolchain_facts() -> bool:
         return False
     from .. import cache, toolchain
 
-    if toolchain.facts.cache_info().currsize or cache.read_record("toolchain", toolchain.facts_key()):
+    if toolchain.facts.cache_info().currsize:
+        return False
+    key = toolchain.facts_key()
+    if cache.read_record("toolchain", key):
         return False
     remote, _ = configured.current()
     if remote is None or not remote.read:
         return False
-    key = toolchain.facts_key()
     try:
         raw = remote.call(lambda: remote.store.get(facts.name(key), facts.CAP))
         if raw is None:
