@@ -129,9 +129,13 @@ def s3_url(tmp_path_factory):
                      "AWS_SECRET_ACCESS_KEY": "kk", "AWS_DEFAULT_REGION": "us-east-1"}.items():
             mp.setenv(k, v)
         # its data is thrown away: no need to wait long for a clean shutdown
-        with _server(cmd, ports[6], 60, "SeaweedFS did not start", ready=_bucket_ready, grace=2,
-                     log=data / "weed.log", env=server_env):
-            yield "s3://kk-remote-cache/team"
+        try:
+            with _server(cmd, ports[6], 60, "SeaweedFS did not start", ready=_bucket_ready, grace=2,
+                         log=data / "weed.log", env=server_env):
+                yield "s3://kk-remote-cache/team"
+        finally:  # weed makes its local sockets in /tmp whatever TMPDIR says, and leaves them
+            for stale in (s for p in ports for s in Path("/tmp").glob(f"seaweedfs-*-{p}.sock")):
+                stale.unlink(missing_ok=True)
 
 
 def _bucket_ready() -> bool:
