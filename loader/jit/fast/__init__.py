@@ -42,7 +42,7 @@ PATHS = (
     FastPath("pch", hooks=("compile_as_written",),
              gates="gcc; a card's binding, a split host TU's torch preamble, or a C++ file whose first line includes "
                    "a torch header; a verified PCH for the TU's flags (else one is built in the background)",
-             docs=_PERF + "where-a-split-host-tus-seconds-go-2026-12-06",
+             docs=_PERF + "a-cpp-edit-with-its-leading-torch-header-precompiled-2026-12-07",
              test="tests/test_faults.py tests/test_torch_cu.py tests/test_cpp_extension.py"),
     FastPath("dtype_shards", hooks=("expand",),
              gates="a card's .cu with a dtype dispatch, on 4+ cores (KERNELKIT_DTYPE_SHARDS=on: any machine)",
