@@ -275,6 +275,35 @@ def test_no_pybind_module_says_how_to_bind_before_compiling(tmp_path):
     assert kernelkit.STATS["compiles"] == before
 
 
+@pytest.mark.parametrize("include", ['#define KK_IMPL "impl/value.h"\n#include KK_IMPL',
+                                     '#define KK_S(x) #x\n#define KK_P(x) KK_S(x)\n#include KK_P(impl/value.h)'])
+def test_a_header_named_by_a_macro_is_in_the_key_and_an_edit_of_it_rebuilds(tmp_path, include):
+    import ctypes
+
+    (tmp_path / "impl").mkdir()
+    header = tmp_path / "impl" / "value.h"
+    src = tmp_path / "computed.cpp"
+    src.write_text(include + '\nextern "C" int kk_value() { return KK_VALUE; }\n')
+    values = []
+    for v in (3, 7):  # the scan cannot follow the macro: without the preprocessor's reads, 7 would load the 3
+        header.write_text(f"#define KK_VALUE {v}\n")
+        lib = kernelkit.load(f"kk_computed_{len(include)}", [str(src)], is_python_module=False)
+        values.append(ctypes.CDLL(lib).kk_value())
+    assert values == [3, 7]
+    unit = plan.plan_extension("kk_computed", [src], with_cuda=False, is_python_module=False).units[0]
+    assert header.resolve() in unit.deps
+
+
+def test_a_cu_files_header_named_by_a_macro_is_found_by_nvccs_preprocessor(tmp_path):
+    (tmp_path / "impl").mkdir()
+    (tmp_path / "impl" / "scale.cuh").write_text("__device__ inline float kk_scale(float x) { return 2 * x; }\n")
+    src = tmp_path / "computed.cu"
+    src.write_text('#define KK_IMPL "impl/scale.cuh"\n#include KK_IMPL\n'
+                   "__global__ void k(float* x) { x[threadIdx.x] = kk_scale(x[threadIdx.x]); }\n")
+    unit = plan.plan_extension("kk_computed_cu", [src], arch="9.0", is_python_module=False).units[0]
+    assert unit.deps == [(tmp_path / "impl" / "scale.cuh").resolve()]
+
+
 TORCH_LIBRARY_SRC = """
 #include <ATen/ATen.h>
 #include <torch/library.h>

@@ -170,11 +170,14 @@ def test_error_in_a_header_quotes_the_header_line(cache_root, card):
     assert "v.h:2:" in str(e.value) and "    2 | int broken = ;" in str(e.value)
 
 
-def test_header_the_include_scan_cannot_see_is_refused(cache_root, card):
+def test_a_header_the_key_missed_fails_the_build_and_nothing_is_cached(cache_root, card, monkeypatch):
+    """The depfile check behind the key: here the preprocessor's list of reads is withheld from the plan."""
+    monkeypatch.setattr(units, "_with_preprocessor_reads", lambda kind, path, flags, deps: deps)
     (card / "f.cpp").write_text('#define HEADER "v.h"\n#include HEADER\n'
                                 'extern "C" __attribute__((visibility("default"))) int f() { return V; }\n')
     with pytest.raises(SourcesChanged, match=r"v\.h, which kernelkit's include scan did not find"):
         build.build(make_target(card / "f.cpp"))
+    assert not list(cache.subdir("obj").rglob("*.o"))
 
 
 # ------------------------------------------------------------------------------ damaged cache contents

@@ -325,6 +325,8 @@ REFUSALS = [
     ("__global__ void k(float* x) {}\nint f() {\n#if __CUDA_ARCH__ >= 800\nreturn 1;\n#endif\nreturn 0; }\n",
      "__CUDA_ARCH__ in host code", 4),
     ("#define LAUNCH(x) k<<<1, 1>>>(x)\n__global__ void k(float* x) {}\n", "a kernel launch inside the macro LAUNCH", 2),
+    ("__global__ void k(float* x) {}\nvoid f(float* x) {\n#define GO(p) k<<<1, 1>>>(p)\n  GO(x);\n#undef GO\n}\n",
+     "a kernel launch inside the macro GO", 4),  # defined in a function body
     ("__global__ void c(float* x) {}\n__global__ void p(float* x) { c<<<1, 1>>>(x); }\n", "dynamic parallelism", 3),
     ("__managed__ int counter;\n__global__ void k(int* x) { x[0] = counter; }\nint f() { return counter; }\n",
      "__managed__ variable counter used in host code", 4),

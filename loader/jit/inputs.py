@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from pathlib import Path
 from typing import Dict, List, Optional, Set
 
@@ -71,16 +70,9 @@ def changed_error(unit: Unit, target: Target, before: Dict[Path, Optional[tuple]
 def _depfile_inputs(depfile: Path) -> Optional[List[Path]]:
     """The files a compiler read, from the make rule it wrote with -MD -MF (None: it wrote none)."""
     try:
-        text = depfile.read_text(errors="surrogateescape")
+        return sources.make_rule_inputs(depfile.read_text(errors="surrogateescape"))
     except OSError:
         return None
-    rule = text.replace("\\\n", " ")
-    match = re.search(r":(?:\s|$)", rule)
-    if match is None:
-        return None
-    prereqs = rule[match.end():].split("\n", 1)[0]
-    tokens = re.findall(r"(?:\\.|[^\s\\])+", prereqs)
-    return sources.resolved(re.sub(r"\\(.)", r"\1", t).replace("$$", "$") for t in tokens)
 
 
 def check(unit: Unit, target: Target, depfile: Path, before: Dict[Path, Optional[tuple]]) -> None:

@@ -88,6 +88,17 @@ def under(path: Path, roots: Iterable[Path]) -> bool:
     return any(p == r or p.startswith(r + "/") for r in map(os.fspath, roots))
 
 
+def make_rule_inputs(rule: str) -> Optional[List[Path]]:
+    """The prerequisites of the first make rule in ``rule`` (a compiler's -M/-MD output), resolved; None: no rule."""
+    rule = rule.replace("\\\n", " ")
+    match = re.search(r":(?:\s|$)", rule)
+    if match is None:
+        return None
+    prereqs = rule[match.end():].split("\n", 1)[0]
+    tokens = re.findall(r"(?:\\.|[^\s\\])+", prereqs)
+    return resolved(re.sub(r"\\(.)", r"\1", t).replace("$$", "$") for t in tokens)
+
+
 # ------------------------------------------------------------------------------------- include flags
 class Search(NamedTuple):
     """Where a compile looks for headers, in the compiler's order, and the files it reads before the TU."""

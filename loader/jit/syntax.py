@@ -143,6 +143,8 @@ class Directives(NamedTuple):
     #: no directive sits where the text failed to parse (else an include may be hidden from the grammar, or a
     #: conditional's end misplaced); an unknown macro before a declaration (``KK_HD A f()``) does not count
     whole: bool
+    #: an include whose header no scan of names can find: ``#include MACRO``, ``#include_next``
+    computed: bool = False
 
 
 CONDITIONALS = {"preproc_if", "preproc_ifdef", "preproc_elif", "preproc_elifdef"}
@@ -152,7 +154,7 @@ CONDITIONALS = {"preproc_if", "preproc_ifdef", "preproc_elif", "preproc_elifdef"
 def directives(text: str) -> Directives:
     """The ``#include`` directives of ``text`` with the preprocessor conditions they sit under, as the grammar
     sees them (also inside namespaces, functions and class bodies)."""
-    found, macros, whole = [], set(), True
+    found, macros, whole, computed = [], set(), True, False
     root = parse(text).root_node
     for node in walk(root):
         if node.type == "ERROR" and b"#" in node.text or node.is_missing and node.type.startswith("#"):
@@ -168,13 +170,17 @@ def directives(text: str) -> Directives:
                 macros.add(value)
             elif directive == "#include" and value[:1] in "<\"" and value[-1:] in ">\"" and len(value) > 2:
                 found.append(Include(value[0], value[1:-1], _requires(node)))
+            elif directive in ("#include", "#include_next", "#import"):
+                computed = True
             continue
         if node.type == "preproc_include":
             path = node.child_by_field_name("path")
             written = path.text.decode(errors="replace") if path is not None else ""
             if path is not None and path.type in ("string_literal", "system_lib_string") and len(written) > 2:
                 found.append(Include(written[0], written[1:-1], _requires(node)))
-    return Directives(tuple(found), frozenset(macros), whole)
+            else:
+                computed = True
+    return Directives(tuple(found), frozenset(macros), whole, computed)
 
 
 def _requires(node) -> Tuple[Tuple[str, bool], ...]:

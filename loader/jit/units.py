@@ -5,6 +5,7 @@ Both are frozen once planned: what a compile learns goes into the object's store
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -101,10 +102,27 @@ def plan_unit(kind: str, path: Path, text: str, include_dirs: Sequence[Path], ex
     flags += list(extra)
     if kind == "cu":
         sources.refuse_shell_expansion([*flags, str(path), str(cache.cache_dir())], f"compiling {display} with nvcc")
+    if any(syntax.directives(t).computed for t in [text, *(cache.source_bytes(d).decode("utf-8", "replace")
+                                                             for d in deps)]):
+        deps = _with_preprocessor_reads(kind, path, flags, deps)
     digest = digest_tree(text.encode(), deps, roots)
     key = keys.unit_key(kind, flags, include_dirs, digest, toolchain.fingerprint(), compiler_id)
     return Unit(kind, path, display, flags, key, deps, digest, pch_defines, uses_torch, roots, list(include_dirs),
                 pch_header=pch_header)
+
+
+def _with_preprocessor_reads(kind: str, path: Path, flags: Sequence[str], deps: List[Path]) -> List[Path]:
+    """``deps`` and every other file the preprocessor reads outside the toolchain's dirs (``-M``), for a TU where a
+    macro names a header (``#include MACRO``, ``#include_next``): the scan cannot follow those, and a key that missed
+    the header would serve a stale build. A preprocessor that fails leaves ``deps`` (the compile says why)."""
+    compiler = toolchain.nvcc() if kind == "cu" else toolchain.cxx()
+    proc = subprocess.run([compiler, *flags, "-M", str(path)], capture_output=True, text=True,
+                          errors="surrogateescape")
+    reads = sources.make_rule_inputs(proc.stdout) if proc.returncode == 0 else None
+    if reads is None:
+        return deps
+    this, outside = path.resolve(), keys.toolchain_dirs()
+    return sorted({*deps, *(p for p in reads if p != this and p.is_file() and not sources.under(p, outside))})
 
 
 def with_define(unit: Unit, define: str, **changes) -> Unit:

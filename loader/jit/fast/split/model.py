@@ -392,6 +392,9 @@ def _scan_host(model: Model) -> None:
         if it.kind == "macro":
             _check_macro(model, it)
             continue
+        for n in ts.walk(it.node):  # a macro defined inside a function body, where g++ would meet its <<<
+            if n.type in ("preproc_def", "preproc_function_def"):
+                _refuse_launch_in_macro(model, n)
         _collect_launches(model, it)
         if it.kind == "host_fn" and model.masked.qualifiers_in(it.start, it.end):
             raise Refuse("a __device__ lambda (through a qualifier macro)", it.line0 + 1)
@@ -447,8 +450,7 @@ def _check_macro(model: Model, it: Item) -> None:
     body = model.text(value)
     words = ts.macro_body_names(body)
     name = it.names[0]
-    if ts.has_launch_syntax(body):
-        raise Refuse(f"a kernel launch inside the macro {name}", it.line0 + 1)
+    _refuse_launch_in_macro(model, it.node)
     if name in model.masked.macros:
         return
     for w in words:
@@ -458,6 +460,14 @@ def _check_macro(model: Model, it: Item) -> None:
             raise Refuse(f"{w} in the macro {name}", it.line0 + 1)
         if w in HOST_FORBIDDEN:
             raise Refuse(HOST_FORBIDDEN[w] + f" (macro {name})", it.line0 + 1)
+
+
+def _refuse_launch_in_macro(model: Model, node) -> None:
+    """A launch in a macro's body is beyond the host TU's lowering, which edits the launches the grammar sees."""
+    value = node.child_by_field_name("value")
+    if value is not None and ts.has_launch_syntax(model.text(value)):
+        name = model.text(node.child_by_field_name("name"))
+        raise Refuse(f"a kernel launch inside the macro {name}", ts.line(node))
 
 
 def _collect_launches(model: Model, it: Item) -> None:
