@@ -294,6 +294,7 @@ def test_a_header_named_by_a_macro_is_in_the_key_and_an_edit_of_it_rebuilds(tmp_
     assert header.resolve() in unit.deps
 
 
+@pytest.mark.cuda_build
 def test_a_cu_files_header_named_by_a_macro_is_found_by_nvccs_preprocessor(tmp_path):
     (tmp_path / "impl").mkdir()
     (tmp_path / "impl" / "scale.cuh").write_text("__device__ inline float kk_scale(float x) { return 2 * x; }\n")
