@@ -264,6 +264,28 @@ def test_undefined_symbol_is_named_and_not_cached(tmp_path):
             kernelkit.load("kk_undef", [str(src)], is_python_module=False)
 
 
+def test_a_rebuilt_module_binding_a_class_again_says_how_to_reload_it(tmp_path):
+    """pybind11 binds a C++ type once per process: the edit's import fails as it does under torch's load(), and the
+    message names the type and py::module_local(); with it, the edited build loads in the same process."""
+    src = tmp_path / "klass.cpp"
+
+    def write(value, local):
+        src.write_text("#include <pybind11/pybind11.h>\nnamespace py = pybind11;\n"
+                       f"struct Counter {{ int step() const {{ return {value}; }} }};\n"
+                       "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n"
+                       f"  py::class_<Counter>(m, \"Counter\"{', py::module_local()' if local else ''})"
+                       ".def(py::init<>()).def(\"step\", &Counter::step);\n}\n")
+
+    write(1, False)
+    assert kernelkit.load("kk_klass", [str(src)]).Counter().step() == 1
+    write(2, False)
+    with pytest.raises(KernelkitError, match=r"Counter is already bound.*py::module_local\(\)") as e:
+        kernelkit.load("kk_klass", [str(src)])
+    assert "\n" not in str(e.value)
+    write(3, True)
+    assert kernelkit.load("kk_klass", [str(src)]).Counter().step() == 3
+
+
 def test_no_pybind_module_says_how_to_bind_before_compiling(tmp_path):
     src = tmp_path / "nomod.cpp"
     src.write_text("int f() { return 1; }\n")

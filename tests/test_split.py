@@ -335,7 +335,12 @@ REFUSALS = [
     ("__global__ void k(float* x) {}\nvoid (*table[])(float*) = {k};\nvoid f(float* x, int i) { table[i]<<<1, 1>>>(x); }\n",
      None, 0),  # a launch through a kernel pointer: lowered as nvcc lowers it
     ("__global__ void k(int* x) { x[0] = __COUNTER__; }\n", "__COUNTER__", 2),
-    ("#if __has_include(<cub/cub.cuh>)\n#endif\n__global__ void k(int* x) {}\n", "__has_include", 2),
+    ("#if __has_include(\"k.cuh\")\n#endif\n__global__ void k(int* x) {}\n", "__has_include", 2),  # from its dir
+    ("#if __has_include_next(<cub/cub.cuh>)\n#endif\n__global__ void k(int* x) {}\n", "__has_include_next", 2),
+    ("#define HAVE_K __has_include(\"k.cuh\")\n__global__ void k(int* x) {}\n", "__has_include", 2),
+    ("#define N __COUNTER__\n__global__ void k(int* x) { x[0] = N; }\n", "__COUNTER__", 2),
+    ("#if defined(__has_include) && __has_include(<cub/cub.cuh>)\n#endif\n__global__ void k(int* x) {}\n",
+     None, 0),  # a <...> name is searched for alike wherever the TU is written
     ("__global__ void k(float* x) {}\nint f() { return __CUDACC_VER_MAJOR__; }\n", "__CUDACC_VER_MAJOR__ in host code", 3),
     ("__global__ void k(float* x) {}\nvoid f(float* x) { thrust::fill(x, x + 1, 0.f); }\n", "thrust", 3),
     ("#line 7 \"elsewhere.cu\"\n__global__ void k(float* x) {}\n", "a #line directive", 2),
@@ -354,6 +359,34 @@ def test_refusals(tmp_path, source, reason, line):
         return
     assert isinstance(result, Unsplittable), result
     assert reason in result.reason and result.line == line, result
+
+
+def test_a_header_name_probe_stays_in_both_tus_as_written(tmp_path):
+    """``__has_include(<...>)`` (also inside a macro's body) is answered by the include search, which both TUs
+    share with the file as written: the split keeps the condition and its branches for the compilers to decide."""
+    src = (HEAD + "#if __has_include(<cuda/std/bit>)\n#define HAVE_BIT 1\n#else\n#define HAVE_BIT 0\n#endif\n"
+           "#define HAVE_NOPE __has_include( <kk/no/such.h> )\n"
+           "__global__ void k(float* x) {\n#if __has_include(<cuda/std/limits>) && HAVE_BIT\n  x[0] = 1;\n#endif\n}\n"
+           + LAUNCH)
+    result = split_text(tmp_path, src)
+    assert isinstance(result, Split), result
+    assert "#if __has_include(<cuda/std/bit>)" in result.device and "#if __has_include(<cuda/std/bit>)" in \
+        result.host.whole
+    assert "#if __has_include(<cuda/std/limits>) && HAVE_BIT" in result.device
+
+
+@pytest.mark.parametrize("text,found", [
+    ("#if __has_include(<a/b.h>)\n#endif\n", [b"<a/b.h>"]),
+    ("#if __has_include ( <a.h> ) && X\n#endif\n", [b"<a.h>"]),
+    ('#if __has_include("a.h")\n#endif\n', []),
+    ("#if __has_include(<a.h>\n#endif\n", []),  # unclosed: left for the parser (and a refusal)
+    ("#if __has_include(<a /* b.h>)\n#endif\n", []),
+])
+def test_header_name_probes_read_one_header_name(text, found):
+    from kernelkit.jit.fast.split import tree as ts
+
+    src = text.encode()
+    assert [src[s:e] for _, s, e in ts.header_name_probes(ts.parse(text).root_node, src)] == found
 
 
 def test_explicit_specialisations_of_a_type_device_code_uses_stay(tmp_path):

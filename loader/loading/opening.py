@@ -200,14 +200,25 @@ def _namespace_defined(ns: str) -> bool:
 
 
 _UNDEFINED = re.compile(r"undefined symbol: (\S+)")
+#: pybind11's words when a module binds a C++ type that a module loaded earlier bound globally
+_REGISTERED = re.compile(r'generic_type: type "([^"]+)" is already registered')
 
 
 def _loading(target: Target, opener):
     """Open a built library; one that names a symbol no source defines is removed from the cache (it can
-    never load) and reported with the symbol demangled."""
+    never load) and reported with the symbol demangled; one that binds a type pybind11 already bound says how to
+    reload it."""
     try:
         return opener()
     except (OSError, ImportError) as e:
+        registered = _REGISTERED.search(str(e))
+        if registered is not None:  # the build is sound: a new process imports it
+            raise KernelkitError(
+                f"importing {target.name} failed: its C++ type {registered.group(1)} is already bound to Python in "
+                "this process (by an earlier build of this code), and pybind11 binds a type once per process "
+                "unless the binding says py::module_local(), as in py::class_<T>(m, \"T\", py::module_local()) or "
+                "py::enum_<E>(m, \"E\", py::module_local()); add that to reload in this process, or restart the "
+                "process (in Jupyter: restart the kernel).") from None
         m = _UNDEFINED.search(f"{e} {e.__cause__} {e.__context__}")  # torch.ops.load_library wraps the OSError
         if m is None:
             raise

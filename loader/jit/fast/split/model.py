@@ -113,15 +113,24 @@ def build(masked: ts.Masked, path: str) -> Model:
 def _refuse_text(model: Model) -> None:
     """Constructs whose meaning depends on what the rest of the file is, which a TU with part of it left out
     cannot keep."""
-    for leaf in ts.leaves(model.masked.tree.root_node):
-        name = ts.text(leaf, model.src)
-        if name == "__COUNTER__":
-            raise Refuse("__COUNTER__ (its values count what came before, which differs in each TU)", ts.line(leaf))
-        if name in ("__has_include", "__has_include_next", "__INCLUDE_LEVEL__"):
-            raise Refuse(f"{name} (the TUs are written elsewhere than the file)", ts.line(leaf))
+    _refuse_placed(model.masked, 0)
     for n in ts.walk(model.masked.tree.root_node):
-        if n.type == "preproc_arg" and "__COUNTER__" in ts.text(n, model.src):
-            raise Refuse("__COUNTER__ (its values count what came before, which differs in each TU)", ts.line(n))
+        if n.type == "preproc_arg":  # a macro's body: the grammar keeps it as one token, so parse it apart
+            _refuse_placed(ts.mask(ts.text(n, model.src)), ts.line(n) - 1)
+
+
+def _refuse_placed(masked: ts.Masked, line0: int) -> None:
+    """``__COUNTER__``, and the probes whose answer depends on where the including file is: a quoted
+    ``__has_include``, ``__has_include_next``, ``__INCLUDE_LEVEL__`` (``<...>`` is searched for alike in every TU)."""
+    for leaf in ts.leaves(masked.tree.root_node):
+        name = ts.text(leaf, masked.src)
+        if name == "__COUNTER__":
+            raise Refuse("__COUNTER__ (its values count what came before, which differs in each TU)",
+                         line0 + ts.line(leaf))
+        if name in ("__has_include", "__has_include_next", "__INCLUDE_LEVEL__") and \
+                leaf.start_byte not in masked.angle_probes and \
+                (leaf.parent is None or leaf.parent.type not in ("preproc_defined", "preproc_ifdef")):
+            raise Refuse(f"{name} (the TUs are written elsewhere than the file)", line0 + ts.line(leaf))
 
 
 # ----------------------------------------------------------------------------------------------- walking

@@ -1,5 +1,6 @@
-"""tree-sitter helpers for the split: parsing, walking, identifier tokens, and the masking of qualifier
-macros (``#define HD __host__ __device__``, ``C10_HOST_DEVICE``) that the grammar cannot see through."""
+"""tree-sitter helpers for the split: parsing, walking, identifier tokens, and the masking of what the grammar
+cannot see through: qualifier macros (``#define HD __host__ __device__``, ``C10_HOST_DEVICE``) and the header
+name of ``__has_include(<...>)``."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -93,6 +94,9 @@ class Masked:
     qualifiers: List[Tuple[int, int, FrozenSet[str]]]  # (start byte, end byte, qualifier tokens)
     macros: Dict[str, FrozenSet[str]]  # qualifier macro name -> tokens (the user's and torch's)
     names: List[Tuple[int, str]] = field(default_factory=list)  # (start byte, macro name) of every masked use
+    #: start bytes of the ``__has_include`` tokens whose argument is a ``<...>`` header name (masked to blanks):
+    #: the one form whose answer does not depend on where the file including it is written
+    angle_probes: FrozenSet[int] = frozenset()
 
     def masked_names(self, start: int, end: int) -> List[str]:
         return [n for s, n in self.names if start <= s < end]
@@ -149,7 +153,38 @@ def mask(text_: str) -> Masked:
             names.append((leaf.start_byte, name))
             kw = b"__launch_bounds__"
             buf[leaf.start_byte:leaf.end_byte] = kw + b" " * (leaf.end_byte - leaf.start_byte - len(kw))
-    if not names:
+    probes = header_name_probes(tree.root_node, src)
+    for _, start, end in probes:
+        buf[start:end] = b" " * (end - start)
+    if not names and not probes:
         return Masked(src, tree, [], macros)
     masked = bytes(buf)
-    return Masked(src, parse(masked.decode("utf-8", "surrogateescape")), spans, macros, names)
+    return Masked(src, parse(masked.decode("utf-8", "surrogateescape")), spans, macros, names,
+                  frozenset(p for p, _, _ in probes))
+
+
+def header_name_probes(root, src: bytes) -> List[Tuple[int, int, int]]:
+    """(identifier start, ``<`` start, ``>`` end) for each ``__has_include(<name>)``: the grammar lexes the header
+    name as operators (an ERROR), so its bytes are read the way the preprocessor lexes a header name instead."""
+    out = []
+    for leaf in leaves(root):
+        if leaf.type not in IDENTIFIER_TYPES or text(leaf, src) != "__has_include":
+            continue
+        i = leaf.end_byte
+        while i < len(src) and src[i] in b" \t":
+            i += 1
+        if src[i:i + 1] != b"(":
+            continue
+        lt = i + 1
+        while lt < len(src) and src[lt] in b" \t":
+            lt += 1
+        gt = src.find(b">", lt)
+        name = src[lt + 1:gt]
+        if src[lt:lt + 1] != b"<" or gt < 0 or any(c in name for c in b"\n\"()<") or b"//" in name or b"/*" in name:
+            continue  # not one header name on the line (or one with a comment opener in it): left to refuse
+        close = gt + 1
+        while close < len(src) and src[close] in b" \t":
+            close += 1
+        if src[close:close + 1] == b")":
+            out.append((leaf.start_byte, lt, gt + 1))
+    return out
