@@ -344,6 +344,8 @@ REFUSALS = [
     ("__global__ void k(float* x) {}\nint f() { return __CUDACC_VER_MAJOR__; }\n", "__CUDACC_VER_MAJOR__ in host code", 3),
     ("__global__ void k(float* x) {}\nvoid f(float* x) { thrust::fill(x, x + 1, 0.f); }\n", "thrust", 3),
     ("#line 7 \"elsewhere.cu\"\n__global__ void k(float* x) {}\n", "a #line directive", 2),
+    ("#if 0\n__global__ void k0(float* x) { x[0] = \n}\n__global__ void k(float* x) {}\n",
+     "the parser could not read this code", 2),  # an #if 0 never closed
     ("#define MINE 1\n__global__ void k(float* x) {\n#if MINE && __CUDA_ARCH__ >= 800\nx[0] = 1;\n#endif\n}\n",
      None, 0),
     ("__global__ void k(float* x) {\n#ifdef C10_USE_GLOG\nx[0] = 1;\n#endif\n}\n", None, 0),  # the proof's job
@@ -387,6 +389,33 @@ def test_header_name_probes_read_one_header_name(text, found):
 
     src = text.encode()
     assert [src[s:e] for _, s, e in ts.header_name_probes(ts.parse(text).root_node, src)] == found
+
+
+def test_code_under_if_0_need_not_parse_and_stays_as_written(tmp_path):
+    """Old code kept under ``#if 0`` is never compiled: both TUs keep the group as it is, and what its ``#else``
+    holds is split like any other code."""
+    src = (HEAD + "#if 0\n// old, does not parse\n__global__ void k0(float* x) { x[0] = \n}\n#if X\n#endif\n"
+           "/* #endif */\nvoid g(float* p) { k0<<<1, 1>>>(p); }\n#else  // the live one\n"
+           "__global__ void k(float* x) { x[0] = 2; }\n#endif\n" + LAUNCH)
+    result = split_text(tmp_path, src)
+    assert isinstance(result, Split), result
+    for tu in (result.device, result.host.whole):
+        assert "__global__ void k0(float* x) { x[0] = \n}" in tu and "#else" in tu
+    assert "x[0] = 2;" in result.device and "x[0] = 2;" not in result.host.whole
+
+
+@pytest.mark.parametrize("text,groups", [
+    (b"#if 0\nx(\n#endif\n", [b"x(\n"]),
+    (b"  #  if 0 // old\nx(\n#  else\ny;\n#endif\n", [b"x(\n"]),
+    (b"#if 0\n#ifdef A\n#else\n#endif\n/*\n#endif\n*/x(\n#elif B\n#endif\n",
+     [b"#ifdef A\n#else\n#endif\n/*\n#endif\n*/x(\n"]),
+    (b"#if 0 && A\nx(\n#endif\n#if 00\n#endif\n", []),  # only the plain 0 is read
+    (b"#if 0\nx(\n", []),  # unclosed: the parser's error stands
+])
+def test_never_compiled_groups_are_found_as_the_preprocessor_finds_them(text, groups):
+    from kernelkit.jit.fast.split import tree as ts
+
+    assert [text[s:e] for s, e in ts.never_compiled(text)] == groups
 
 
 def test_explicit_specialisations_of_a_type_device_code_uses_stay(tmp_path):

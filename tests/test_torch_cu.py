@@ -18,7 +18,7 @@ import pytest
 import kernelkit
 from kernelkit.errors import BuildError, KernelkitError, SourcesChanged
 from kernelkit.jit import build, cache, plan, running
-from kernelkit.jit.fast import pch, torch_cu
+from kernelkit.jit.fast import pch, split, torch_cu
 
 CORPUS = Path(__file__).parent / "fixtures" / "torch_cu"
 pytestmark = pytest.mark.cuda_build
@@ -562,3 +562,45 @@ def test_a_host_tu_that_only_nvcc_can_compile_builds_as_written_and_is_remembere
     assert "full nvcc build (the host part did not compile" in said and "namespace-name" in said, said
     src.write_text(NVCUDA_DIRECTIVE.replace("2.0f", "3.0f"))  # a kernel edit keeps the host TU's key
     assert "found earlier for this host code" in _fallback_now("kk_tcu_nvcuda", src, tmp_path).reason
+
+
+
+HOST_GLOBALS = """#include <torch/types.h>
+#include <pybind11/pybind11.h>
+struct Registry { Registry() {} };
+static Registry registry;  // its constructor runs once, in the host object
+namespace {
+const char* kUsage = "help";
+int calls = 0;
+}
+int limit = 4;
+__global__ void k(float* x) { x[0] = 2.0f; }
+int64_t f(torch::Tensor x) { k<<<1, 1>>>(x.data_ptr<float>()); ++calls; return calls + kUsage[0] + limit; }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("f", &f); }
+"""
+
+
+def test_host_variables_stay_out_of_the_device_tu_and_the_split_joins(tmp_path, capsys):
+    """A namespace-scope variable of host code is defined once, by the host object: kept in the device TU too,
+    both objects would define it (the join fails) and its initialiser would run twice."""
+    src = tmp_path / "globals.cu"
+    src.write_text(HOST_GLOBALS)
+    result = split.split_source(HOST_GLOBALS, str(src))
+    for name in ("static Registry registry;", "kUsage", "int calls", "int limit"):
+        assert name not in result.device and name in result.host.whole, name
+    _, counts, said = _build("kk_tcu_globals", src, capsys)
+    assert "split (1 kernel(s))" in said and counts["joins"] == 1, said
+
+
+def test_split_objects_that_do_not_join_build_as_written_and_are_remembered(tmp_path, capsys):
+    """A variable device code names (here in sizeof) stays in both TUs, which then both define it: the join fails,
+    which is the split's failure, never the user's; the file builds as written, the build line names the variable,
+    and the next kernel edit is built as written at once."""
+    text = HOST_GLOBALS.replace("x[0] = 2.0f;", "x[0] = sizeof(limit);")
+    src = tmp_path / "globals.cu"
+    src.write_text(text)
+    info, _, said = _build("kk_tcu_globals_sizeof", src, capsys)
+    assert Path(info.path).is_file()
+    assert "full nvcc build (the split's objects do not join: both TUs define limit" in said, said
+    src.write_text(text.replace("sizeof(limit)", "sizeof(limit) + 1"))
+    assert "found earlier for this file" in _fallback_now("kk_tcu_globals_sizeof", src, tmp_path).reason

@@ -148,7 +148,12 @@ def _split_into(unit: Unit, target: Target, out: Path, core) -> Optional[_Fallba
         pool.shutdown(wait=False)  # a device TU's error is said at once; the host TU's object is cached for later
         if proof is not None:
             proof.cancel(names_too=not used)
-    _bind(result, device, host, table, out, target)
+    try:
+        _bind(result, device, host, table, out, target)
+    except BuildError as e:  # the parts compiled but do not join (a name both define): the split's failure
+        why = f"the split's objects do not join: {_join_failure(str(e))}"
+        _store_frame(frame, {**_frame_record(frame), "refused": why})
+        return _Fallback(why)
     if covered:
         _audit_later(unit, target, (device_unit, device_unit.path.read_text(errors="surrogateescape")), frame,
                      before)
@@ -373,6 +378,17 @@ def _frame_key(unit: Unit, result: split.Split) -> str:
                                                 sources.sha256_bytes(result.frame.encode("utf-8", "surrogateescape")),
                                                 toolchain.fingerprint(), toolchain.nvcc_fingerprint()),
                                   f"split-frame/{VERSION}")[:32]
+
+
+def _join_failure(message: str) -> str:
+    """What the linker said when the split's objects did not join, in the user's names: a name both define (a
+    namespace-scope variable that is not const, which each TU defines), else its first line without paths."""
+    twice = re.search(r"multiple definition of [`'](.+?)'", message)
+    if twice is not None:
+        name = re.sub(r"kk_anon_[0-9a-f]+::", "(anonymous namespace)::", twice.group(1))
+        return f"both TUs define {name}, a namespace-scope variable of host code"
+    line = next((ln for ln in message.splitlines() if ln.strip()), "")
+    return re.sub(r"\S*/", "", line).strip()[:200]
 
 
 def _frame_record(frame: str) -> dict:

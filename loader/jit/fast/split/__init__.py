@@ -118,8 +118,9 @@ def _located(e: Refuse, flat: Optional[Flat], path: str) -> Unsplittable:
 
 
 def _verify(host: str) -> None:
-    """The host TU must hold no device code: a launch or a kernel body left there means the split misread it."""
-    tree = ts.parse(host)
+    """The host TU must hold no device code: a launch or a kernel body left there means the split misread it (what
+    ``#if 0`` holds is never compiled, and is read as blanks)."""
+    tree = ts.mask(host).tree
     for n in ts.walk(tree.root_node):
         if n.type == "kernel_call_syntax":
             raise Refuse("device code the split could not move out of host code", ts.line(n))

@@ -116,7 +116,17 @@ def _host_only(model: Model, it: Item, needed: Set[str]) -> bool:
         return False
     if it.kind in ("host_fn", "fn_decl"):
         return True
+    if defines_host_variable(it):  # kept, both objects would define it, and its initialiser would run twice
+        return not (set(it.names) & needed)
     return not (set(it.names) & needed) and names_heavy_api(model, it)
+
+
+def defines_host_variable(it: Item) -> bool:
+    """A namespace-scope variable definition of host code (``int calls = 0;``, ``static Registry reg;``): not
+    constexpr, not a device variable, not a mere ``extern`` declaration."""
+    if it.kind != "decl" or it.fn is None or it.fn.type != "declaration" or it.constexpr:
+        return False
+    return not any(k.type == "storage_class_specifier" and k.text.strip() == b"extern" for k in it.fn.children)
 
 
 def names_heavy_api(model: Model, it: Item) -> bool:

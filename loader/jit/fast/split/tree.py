@@ -156,7 +156,10 @@ def mask(text_: str) -> Masked:
     probes = header_name_probes(tree.root_node, src)
     for _, start, end in probes:
         buf[start:end] = b" " * (end - start)
-    if not names and not probes:
+    skipped = never_compiled(src)
+    for start, end in skipped:
+        buf[start:end] = bytes(b if b == 0x0A else 0x20 for b in src[start:end])  # lines kept: points agree
+    if not names and not probes and not skipped:
         return Masked(src, tree, [], macros)
     masked = bytes(buf)
     return Masked(src, parse(masked.decode("utf-8", "surrogateescape")), spans, macros, names,
@@ -188,3 +191,50 @@ def header_name_probes(root, src: bytes) -> List[Tuple[int, int, int]]:
         if src[close:close + 1] == b")":
             out.append((leaf.start_byte, lt, gt + 1))
     return out
+
+
+def never_compiled(src: bytes) -> List[Tuple[int, int]]:
+    """Byte spans of the groups under ``#if 0`` (up to its ``#else``/``#elif``/``#endif``), which the preprocessor
+    skips whatever they hold, found as it finds them: directives at the start of a line, outside comments,
+    counted through nested conditionals. Old code kept there need not parse. An unclosed group gives nothing."""
+    out: List[Tuple[int, int]] = []
+    depth, start, in_comment, pos = 0, -1, False, 0
+    for raw in src.splitlines(keepends=True):
+        line_start, pos = pos, pos + len(raw)
+        code, in_comment = _outside_comments(raw, in_comment)
+        if not code.startswith(b"#"):
+            continue
+        words = code[1:].split()
+        word = words[0] if words else b""
+        if start < 0:
+            if word == b"if" and words[1:2] == [b"0"] and len(words) == 2:
+                start, depth = pos, 0
+            continue
+        if word in (b"if", b"ifdef", b"ifndef"):
+            depth += 1
+        elif word == b"endif" and depth:
+            depth -= 1
+        elif word in (b"endif", b"else", b"elif", b"elifdef", b"elifndef") and depth == 0:
+            out.append((start, line_start))
+            start = -1
+    return out
+
+
+def _outside_comments(line: bytes, in_comment: bool) -> Tuple[bytes, bool]:
+    """``line`` with its comments removed (stripped), and whether a block comment is still open at its end."""
+    kept, i = bytearray(), 0
+    while i < len(line):
+        if in_comment:
+            end = line.find(b"*/", i)
+            if end < 0:
+                return bytes(kept).strip(), True
+            i, in_comment = end + 2, False
+            kept += b" "
+        elif line.startswith(b"/*", i):
+            in_comment, i = True, i + 2
+        elif line.startswith(b"//", i):
+            break
+        else:
+            kept.append(line[i])
+            i += 1
+    return bytes(kept).strip(), in_comment
