@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable, Union
@@ -26,6 +27,23 @@ def copy(src: Path, dst: Path) -> None:
         shutil.copystat(src, tmp)
 
     _replace(dst, fill)
+
+
+def copy_executable(src: Path, dst: Path) -> None:
+    """``copy`` for a program: written by a child process (``cp``), because a write descriptor of this process,
+    which another thread's fork hands its child until that child execs, makes running the file fail with
+    ETXTBSY ("Text file busy") for that while."""
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        proc = subprocess.run(["cp", "--preserve=mode,timestamps", str(src), tmp], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise OSError(f"copying {src} to {dst} failed: {proc.stderr.strip()}")
+        os.replace(tmp, dst)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def _replace(path: Path, fill: Callable[[BinaryIO, str], object]) -> None:

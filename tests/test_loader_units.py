@@ -4,6 +4,7 @@ import concurrent.futures
 import json
 import os
 import shutil
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -343,6 +344,42 @@ def test_replace_file_copies_the_mode_and_leaves_nothing_when_it_fails(tmp_path)
         replace_file.copy(tmp_path / "missing.so", copied)
     assert copied.read_bytes() == src.read_bytes()  # the old file stays whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.so", "lib.so", "record.json"]
+
+
+def test_a_copied_program_runs_at_once_while_other_threads_start_processes(tmp_path):
+    """A copy written by this process is "Text file busy" to exec while a fork of another thread holds its write
+    descriptor (a few in a hundred here, as CI's torch 2.6 run met in test_standalone_executable): a program is
+    copied by a child process, so none of this process's forks ever holds it."""
+    src = tmp_path / "prog"
+    src.write_bytes(Path("/bin/true").read_bytes())
+    src.chmod(0o755)
+    done = threading.Event()
+
+    def start_processes():
+        while not done.is_set():
+            subprocess.run(["/bin/true"])
+
+    threads = [threading.Thread(target=start_processes) for _ in range(4)]
+    for t in threads:
+        t.start()
+    busy = 0
+    try:
+        for i in range(200):
+            dst = tmp_path / f"copy{i}"
+            replace_file.copy_executable(src, dst)
+            try:
+                subprocess.run([str(dst)], check=True)
+            except OSError:
+                busy += 1
+    finally:
+        done.set()
+        for t in threads:
+            t.join()
+    assert busy == 0
+    assert (tmp_path / "copy0").stat().st_mode & 0o777 == 0o755 and not list(tmp_path.glob(".*.tmp"))
+    with pytest.raises(OSError, match="missing"):
+        replace_file.copy_executable(tmp_path / "missing", tmp_path / "copy0")
+    assert not list(tmp_path.glob(".*.tmp"))
 
 
 def test_world_writable_cache_root_refused(tmp_path, monkeypatch):

@@ -244,7 +244,7 @@ def _copy_into(build_directory, target: Target, so: Path) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     final = d / (target.name if target.standalone else f"{target.name}.so")
     if not _same_copy(so, final):  # a warm load must not copy a large library again on every call
-        replace_file.copy(so, final)
+        (replace_file.copy_executable if target.standalone else replace_file.copy)(so, final)
     for u in target.units:
         if u.path.parent.parent == cache.subdir("src") and not _same_copy(u.path, d / u.path.name):
             shutil.copy2(u.path, d / u.path.name)  # a generated main.cpp / cuda.cu
