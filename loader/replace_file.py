@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import uuid
 from pathlib import Path
 from typing import BinaryIO, Callable, Union
 
@@ -33,8 +34,7 @@ def copy_executable(src: Path, dst: Path) -> None:
     """``copy`` for a program: written by a child process (``cp``), because a write descriptor of this process,
     which another thread's fork hands its child until that child execs, makes running the file fail with
     ETXTBSY ("Text file busy") for that while."""
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
-    os.close(fd)
+    tmp = str(dst.parent / f".{dst.name}.{uuid.uuid4().hex}.tmp")  # cp creates it: this process never opens it
     try:
         proc = subprocess.run(["cp", "--preserve=mode,timestamps", str(src), tmp], capture_output=True, text=True)
         if proc.returncode != 0:

@@ -347,9 +347,9 @@ def test_replace_file_copies_the_mode_and_leaves_nothing_when_it_fails(tmp_path)
 
 
 def test_a_copied_program_runs_at_once_while_other_threads_start_processes(tmp_path):
-    """A copy written by this process is "Text file busy" to exec while a fork of another thread holds its write
-    descriptor (a few in a hundred here, as CI's torch 2.6 run met in test_standalone_executable): a program is
-    copied by a child process, so none of this process's forks ever holds it."""
+    """A file this process opened for writing (the copy, or a temporary one for cp to fill) is "Text file busy" to
+    exec while a fork of another thread still holds the descriptor: a few in a hundred here, as CI's torch 2.6 run
+    met in test_standalone_executable. A program is copied by a child process into a name it creates."""
     src = tmp_path / "prog"
     src.write_bytes(Path("/bin/true").read_bytes())
     src.chmod(0o755)
