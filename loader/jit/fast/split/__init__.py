@@ -120,7 +120,8 @@ def _located(e: Refuse, flat: Optional[Flat], path: str) -> Unsplittable:
 def _verify(host: str) -> None:
     """The host TU must hold no device code: a launch or a kernel body left there means the split misread it (what
     ``#if 0`` holds is never compiled, and is read as blanks)."""
-    tree = ts.mask(host).tree
+    src = host.encode("utf-8", "surrogateescape")
+    tree = ts.parse(ts.blank(src, ts.never_compiled(src)).decode("utf-8", "surrogateescape"))
     for n in ts.walk(tree.root_node):
         if n.type == "kernel_call_syntax":
             raise Refuse("device code the split could not move out of host code", ts.line(n))

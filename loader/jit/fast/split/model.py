@@ -115,8 +115,12 @@ def _refuse_text(model: Model) -> None:
     cannot keep."""
     _refuse_placed(model.masked, 0)
     for n in ts.walk(model.masked.tree.root_node):
-        if n.type == "preproc_arg":  # a macro's body: the grammar keeps it as one token, so parse it apart
-            _refuse_placed(ts.mask(ts.text(n, model.src)), ts.line(n) - 1)
+        body = ts.text(n, model.src) if n.type == "preproc_arg" else ""
+        if any(name in body for name in _PLACED):  # a macro's body is one token to the grammar: parse it apart
+            _refuse_placed(ts.mask(body), ts.line(n) - 1)
+
+
+_PLACED = ("__COUNTER__", "__has_include", "__INCLUDE_LEVEL__")  # __has_include_next too
 
 
 def _refuse_placed(masked: ts.Masked, line0: int) -> None:

@@ -157,11 +157,9 @@ def mask(text_: str) -> Masked:
     for _, start, end in probes:
         buf[start:end] = b" " * (end - start)
     skipped = never_compiled(src)
-    for start, end in skipped:
-        buf[start:end] = bytes(b if b == 0x0A else 0x20 for b in src[start:end])  # lines kept: points agree
     if not names and not probes and not skipped:
         return Masked(src, tree, [], macros)
-    masked = bytes(buf)
+    masked = blank(bytes(buf), skipped)
     return Masked(src, parse(masked.decode("utf-8", "surrogateescape")), spans, macros, names,
                   frozenset(p for p, _, _ in probes))
 
@@ -191,6 +189,14 @@ def header_name_probes(root, src: bytes) -> List[Tuple[int, int, int]]:
         if src[close:close + 1] == b")":
             out.append((leaf.start_byte, lt, gt + 1))
     return out
+
+
+def blank(src: bytes, spans: List[Tuple[int, int]]) -> bytes:
+    """``src`` with the bytes of ``spans`` blanked, newlines kept (so lines and byte offsets still agree)."""
+    buf = bytearray(src)
+    for start, end in spans:
+        buf[start:end] = bytes(b if b == 0x0A else 0x20 for b in src[start:end])
+    return bytes(buf)
 
 
 def never_compiled(src: bytes) -> List[Tuple[int, int]]:
