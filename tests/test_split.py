@@ -286,6 +286,38 @@ def test_device_variables_host_code_names_are_declared_extern_with_their_own_typ
     assert {"coef", "counter"} <= result.entities
 
 
+def test_the_device_tu_keeps_of_a_host_variable_what_device_code_needs(tmp_path):
+    """A host variable is defined and initialised by the host object alone: the device TU drops it, keeps the
+    type its definition also defines, declares it ``extern`` where device code names it (here in ``sizeof``), and
+    keeps a copy only where a second one changes nothing (a constant of a built-in type) or the join will fail
+    (an array sized by its initialiser, which ``extern`` cannot declare)."""
+    src = (HEAD + "struct P { int a; float b; } g_p = {1, 2.0f}, g_q;\nnamespace { int calls = 0; }\n"
+           "int limit = 4;\nconst float kScale = 2.0f;\nfloat tbl[] = {1, 2};\n"
+           "__global__ void k(float* x, P p) { x[0] = p.b + sizeof(limit) + kScale + sizeof(tbl); }\n"
+           "torch::Tensor f(torch::Tensor x) { k<<<1, 1>>>(x.data_ptr<float>(), g_p); ++calls; return x; }\n")
+    result = split_text(tmp_path, src)
+    device = [line.strip() for line in result.device.split("\n")]
+    assert "struct P { int a; float b; } ;" in device and "extern int limit;" in device, result.device
+    assert "const float kScale = 2.0f;" in device and "float tbl[] = {1, 2};" in device, result.device
+    assert "calls" not in result.device and "g_p" not in result.device, result.device
+    for kept in ("struct P { int a; float b; } g_p = {1, 2.0f}, g_q;", "int limit = 4;", "int calls = 0;"):
+        assert kept in result.host.text, kept
+
+
+def test_functions_returning_references_are_functions(tmp_path):
+    """``std::vector<int>& registry()`` is a host function (the grammar gives a reference declarator's inner
+    declarator no field name): what calls it leaves the device TU with it, and ``__device__ float& at(int);`` is a
+    device function's prototype, not a variable."""
+    src = (HEAD + "#include <vector>\nstd::vector<int>& registry() { static std::vector<int> v; return v; }\n"
+           "struct Registrar { Registrar() { registry().push_back(1); } };\n__device__ float& at(float* x, int i);\n"
+           "__device__ float& at(float* x, int i) { return x[i]; }\n__global__ void k(float* x) { at(x, 0) = 1; }\n"
+           + LAUNCH)
+    result = split_text(tmp_path, src)
+    assert "registry" not in result.device and "Registrar" not in result.device, result.device
+    assert "__device__ float& at(float* x, int i);" in result.device
+    assert "at(float* x" not in result.host.text
+
+
 def test_a_device_array_of_unstated_size_named_by_host_code_is_refused(tmp_path):
     src = (HEAD + "__constant__ float coef[] = {1, 2};\n__global__ void k(float* x) { x[0] = coef[0]; }\n"
            "int n() { return sizeof(coef); }\n" + LAUNCH)
@@ -324,9 +356,12 @@ def test_a_pragma_once_header_gets_a_guard_named_for_its_path(tmp_path):
 REFUSALS = [
     ("__global__ void k(float* x) {}\nint f() {\n#if __CUDA_ARCH__ >= 800\nreturn 1;\n#endif\nreturn 0; }\n",
      "__CUDA_ARCH__ in host code", 4),
-    ("#define LAUNCH(x) k<<<1, 1>>>(x)\n__global__ void k(float* x) {}\n", "a kernel launch inside the macro LAUNCH", 2),
+    ("#define LAUNCH(x) k<<<1, 1>>>(x)\n__global__ void k(float* x) {}\n", None, 0),  # lowered in the body
     ("__global__ void k(float* x) {}\nvoid f(float* x) {\n#define GO(p) k<<<1, 1>>>(p)\n  GO(x);\n#undef GO\n}\n",
-     "a kernel launch inside the macro GO", 4),  # defined in a function body
+     None, 0),  # defined in a function body
+    ("#define LAUNCH(K, x) K##_kernel<<<1, 1>>>(x)\n__global__ void k_kernel(float* x) {}\n",
+     "a kernel launch inside the macro LAUNCH, whose body the parser could not read", 2),
+    ("#define LAUNCH(x) k<<<1>>>(x)\n__global__ void k(float* x) {}\n", "a launch configuration without 2 to 4", 2),
     ("__global__ void c(float* x) {}\n__global__ void p(float* x) { c<<<1, 1>>>(x); }\n", "dynamic parallelism", 3),
     ("__managed__ int counter;\n__global__ void k(int* x) { x[0] = counter; }\nint f() { return counter; }\n",
      "__managed__ variable counter used in host code", 4),
@@ -350,6 +385,15 @@ REFUSALS = [
      None, 0),
     ("__global__ void k(float* x) {\n#ifdef C10_USE_GLOG\nx[0] = 1;\n#endif\n}\n", None, 0),  # the proof's job
     ("__global__ void k(float* x) {}\n__global__ void k(int* x) {}\n", None, 0),  # overloads: each a stub
+    ("struct Registry { Registry(); };\nstatic Registry reg;\n__global__ void k(int* x) { x[0] = sizeof(reg); }\n",
+     "device code names the host variable reg, whose initialisation constructs a Registry", 3),
+    ("int next_id();\nnamespace { const int id = next_id(); }\n__global__ void k(int* x) { x[0] = sizeof(id); }\n",
+     "device code names the host variable id, whose initialisation calls next_id", 3),
+    ("static int mode = 1;\n__host__ __device__ int pick() { return sizeof(mode); }\n__global__ void k(int* x) "
+     "{ x[0] = pick(); }\n", "device code names the static host variable mode", 2),
+    ("static int offset = 1;\n__global__ void k(int* x) { int offset = 2; x[0] = offset; }\n", None, 0),  # a local
+    ("static const int kN = 4 * sizeof(float);\nconst float kScale = std::max(1.f, 2.f);\n"
+     "__global__ void k(float* x) { x[0] = kN * kScale; }\n", None, 0),  # a second copy changes nothing
 ]
 
 
@@ -429,6 +473,72 @@ def test_explicit_specialisations_of_a_type_device_code_uses_stay(tmp_path):
     assert isinstance(result, Split), result
     assert "template <> struct Acc<at::Half> { using type = float; };" in result.device
     assert "#include <c10/util/Half.h>" in result.device
+
+
+def test_an_explicit_specialisation_of_a_kernel_is_declared_in_the_host_tu_and_defined_in_the_device_tu(tmp_path):
+    """``template <> __global__ void k<double>(...) {...}`` is a kernel of its own: the host TU's declaration makes
+    its launches call the specialisation's stub (not the primary template's), which the device object defines."""
+    src = (HEAD + "template <typename T, int B = 256> __global__ void k(T* x) { x[0] = B; }\n"
+           "template <>\n__global__ void k<double, 256>(double* x) {\n  x[0] = -1;\n}\n"
+           "void f(at::Tensor t) { k<double><<<1, 1>>>(t.data_ptr<double>()); k<float><<<1, 1>>>(nullptr); }\n")
+    result = split_text(tmp_path, src)
+    assert isinstance(result, Split), result
+    host = result.host.text
+    assert "__global__ void k<double, 256>(double* x) ;" in " ".join(host.split()), host
+    assert "x[0] = -1;" not in host and "  x[0] = -1;" in result.device.split("\n")
+    assert result.kernels == ("k",) and "k" in result.templates
+
+
+def test_a_kernel_defined_by_its_qualified_name_is_left_to_its_namespaces_declaration(tmp_path):
+    """``__global__ void ops::k(...) {...}`` after ``namespace ops { __global__ void k(...); }``: the host TU's
+    declaration is the namespace's own (a qualified redeclaration outside it would not compile)."""
+    src = (HEAD + "namespace ops { template <typename T> __global__ void k(T* x); __global__ void m(float* x); }\n"
+           "template <typename T>\n__global__ void ops::k(T* x) { x[0] = 1; }\n"
+           "__global__ void ops::m(float* x) { x[0] = 2; }\n"
+           "void f(float* x) { ops::k<float><<<1, 1>>>(x); ops::m<<<1, 1>>>(x); }\n")
+    result = split_text(tmp_path, src)
+    assert isinstance(result, Split), result
+    assert "void ops::k(T* x)" not in result.host.text and "void ops::m(float* x)" not in result.host.text
+    assert "__global__ void ops::m(float* x) { x[0] = 2; }" in result.device
+    assert result.kernels == ("ops::k", "ops::m") and "ops::k" in result.templates
+    undeclared = src.replace("template <typename T> __global__ void k(T* x); ", "")
+    assert "no declaration" in split_text(tmp_path, undeclared).reason
+
+
+def test_a_launch_in_a_macro_is_lowered_in_the_macros_body(tmp_path):
+    src = (HEAD + "__global__ void k(float* x, int n) { x[0] = n; }\n"
+           "#define LAUNCH(p, n) \\\n  k<<<dim3(1, 1), 32, 0, at::cuda::getCurrentCUDAStream()>>>(p, n)\n"
+           "void f(float* x) {\n  LAUNCH(x, 3);\n}\n")
+    host = split_text(tmp_path, src).host.text
+    assert ("  (__cudaPushCallConfiguration(dim3(1, 1), 32, 0, at::cuda::getCurrentCUDAStream())) ? (void)0 : "
+            "k(p, n)\n") in host, host
+    inside = HEAD + "__global__ void k(float* x) {\n#define GO(p) k<<<1, 1>>>(p)\n  x[0] = 1;\n}\nvoid f(float* x) { GO(x); }\n"
+    host = split_text(tmp_path, inside).host.text  # defined in a kernel's body, which the host TU keeps
+    assert "#define GO(p) (__cudaPushCallConfiguration(1, 1)) ? (void)0 : k(p)\n" in host, host
+
+
+def test_namespaces_only_nvcc_declares_are_declared_empty_for_g_plus_plus(tmp_path):
+    """g++ does not see ``nvcuda`` or ``cooperative_groups`` (CUDA's headers declare them under nvcc alone): an empty
+    namespace on the same line, at file scope, lets the host TU compile and changes no lookup."""
+    src = (HEAD + "#include <mma.h>\n#include <cooperative_groups.h>\nusing namespace nvcuda::wmma;\n"
+           "namespace cg = cooperative_groups;\nusing namespace cg;\nnamespace mine { using namespace nvcuda; }\n"
+           "__global__ void k(float* x) { cg::this_thread_block().sync(); x[0] = 1; }\n" + LAUNCH)
+    host = split_text(tmp_path, src).host.text.split("\n")
+    assert "namespace nvcuda { namespace wmma { }} using namespace nvcuda::wmma;" in host, host
+    assert "namespace cooperative_groups { } namespace cg = cooperative_groups;" in host
+    assert "using namespace cg;" in host  # an alias: declaring it a namespace would not compile
+    assert "namespace mine { using namespace nvcuda; }" in host  # inside a namespace: a new one would be found first
+
+
+def test_the_host_tu_leaves_out_cub_unless_host_code_uses_its_macros(tmp_path):
+    src = (HEAD + "#include <cooperative_groups/reduce.h>\n#ifndef USE_ROCM\n#include <cub/cub.cuh>\n#endif\n"
+           "__global__ void k(float* x) { using R = cub::BlockReduce<float, 32>; x[0] = sizeof(R); }\n" + LAUNCH)
+    result = split_text(tmp_path, src)
+    assert "#include <cub/cub.cuh>" not in result.host.text and "#include <cub/cub.cuh>" in result.device
+    assert "cooperative_groups/reduce.h" not in result.host.text and "cooperative_groups/reduce.h" in result.device
+    assert "#ifndef USE_ROCM\n\n#endif" in result.host.text, result.host.text
+    versioned = src.replace(LAUNCH, "int version() { return CUB_VERSION; }\n" + LAUNCH)
+    assert "#include <cub/cub.cuh>" in split_text(tmp_path, versioned).host.text
 
 
 def test_an_explicit_instantiation_of_a_kernel_goes_with_device_code(tmp_path):
@@ -519,7 +629,7 @@ def test_local_aliases_bind_what_the_host_asks_for_to_the_device_objects_local_s
 
 
 # ----------------------------------------------------------------------------------------------- real builds
-BUILT = ["const_poly.cu", "anon_rownorm.cu", "kernel_attribute.cu"]  # sigmoid_dispatch: tests/test_torch_cu.py loads it
+BUILT = ["const_poly.cu", "anon_rownorm.cu", "kernel_attribute.cu", "launch_macro.cu"]  # sigmoid_dispatch: tests/test_torch_cu.py loads it
 
 
 @pytest.mark.cuda_build

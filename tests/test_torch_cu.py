@@ -511,7 +511,9 @@ NVCUDA_DIRECTIVE = r"""
 #include <torch/extension.h>
 #include <mma.h>
 
-using namespace nvcuda;  // mma.h declares nvcuda only under nvcc: g++ says "not a namespace-name"
+// mma.h declares nvcuda only under nvcc: g++ says "not a namespace-name" (at file scope the host TU declares
+// it empty for g++; inside a namespace that would change lookup, so it does not)
+namespace ops { using namespace nvcuda; }
 
 __global__ void fill_kernel(float* y, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -543,7 +545,7 @@ def test_a_host_tu_error_on_a_line_device_code_shares_is_not_the_users(tmp_path)
     result = split.split_source(NVCUDA_DIRECTIVE, str(src))
     assert isinstance(result, split.Split), result
     lines = NVCUDA_DIRECTIVE.splitlines()
-    directive = next(i for i, ln in enumerate(lines, 1) if ln.startswith("using namespace"))
+    directive = next(i for i, ln in enumerate(lines, 1) if ln.startswith("namespace ops { using namespace"))
     host_only = next(i for i, ln in enumerate(lines, 1) if "return y;" in ln)
     assert ("nvcuda.cu", directive) in result.device_kept and ("nvcuda.cu", host_only) not in result.device_kept
     unit = types.SimpleNamespace(display=str(src), path=src)
@@ -563,6 +565,21 @@ def test_a_host_tu_that_only_nvcc_can_compile_builds_as_written_and_is_remembere
     src.write_text(NVCUDA_DIRECTIVE.replace("2.0f", "3.0f"))  # a kernel edit keeps the host TU's key
     assert "found earlier for this host code" in _fallback_now("kk_tcu_nvcuda", src, tmp_path).reason
 
+
+
+def test_namespaces_and_headers_only_nvcc_compiles_leave_the_host_tu_compilable(tmp_path, capsys):
+    """At file scope, ``using namespace nvcuda;`` and ``namespace cg = cooperative_groups;`` get their namespaces
+    declared for g++, and ``<cooperative_groups/reduce.h>`` (device code g++ cannot compile) leaves the host TU:
+    the file splits where each of them used to build it as written."""
+    text = NVCUDA_DIRECTIVE.replace("namespace ops { using namespace nvcuda; }", (
+        "#include <cooperative_groups.h>\n#include <cooperative_groups/reduce.h>\nusing namespace nvcuda;\n"
+        "namespace cg = cooperative_groups;")).replace(
+        "if (i < n) y[i] = 2.0f;", "if (i < n) y[i] = cg::reduce(cg::tiled_partition<32>(cg::this_thread_block()), "
+        "1.0f, cg::plus<float>());")
+    src = tmp_path / "namespaces.cu"
+    src.write_text(text)
+    _, counts, said = _build("kk_tcu_namespaces", src, capsys)
+    assert "split (1 kernel(s))" in said and counts["joins"] == 1, said
 
 
 HOST_GLOBALS = """#include <torch/types.h>
@@ -590,17 +607,22 @@ def test_host_variables_stay_out_of_the_device_tu_and_the_split_joins(tmp_path, 
         assert name not in result.device and name in result.host.whole, name
     _, counts, said = _build("kk_tcu_globals", src, capsys)
     assert "split (1 kernel(s))" in said and counts["joins"] == 1, said
+    src.write_text(HOST_GLOBALS.replace("x[0] = 2.0f;", "x[0] = sizeof(limit) + sizeof(calls);"))
+    _, counts, said = _build("kk_tcu_globals", src, capsys)  # named by device code: extern there
+    assert "split (1 kernel(s))" in said and counts["joins"] == 1, said
 
 
 def test_split_objects_that_do_not_join_build_as_written_and_are_remembered(tmp_path, capsys):
-    """A variable device code names (here in sizeof) stays in both TUs, which then both define it: the join fails,
-    which is the split's failure, never the user's; the file builds as written, the build line names the variable,
-    and the next kernel edit is built as written at once."""
-    text = HOST_GLOBALS.replace("x[0] = 2.0f;", "x[0] = sizeof(limit);")
+    """A variable device code names that ``extern`` cannot declare (an array sized by its initialiser, here in
+    sizeof) stays in both TUs, which then both define it: the join fails, which is the split's failure, never the
+    user's; the file builds as written, the build line names the variable, and the next kernel edit is built as
+    written at once."""
+    text = HOST_GLOBALS.replace("int limit = 4;", "int limit = 4;\nfloat tbl[] = {1, 2};").replace(
+        "x[0] = 2.0f;", "x[0] = sizeof(tbl);")
     src = tmp_path / "globals.cu"
     src.write_text(text)
     info, _, said = _build("kk_tcu_globals_sizeof", src, capsys)
     assert Path(info.path).is_file()
-    assert "full nvcc build (the split's objects do not join: both TUs define limit" in said, said
-    src.write_text(text.replace("sizeof(limit)", "sizeof(limit) + 1"))
+    assert "full nvcc build (the split's objects do not join: both TUs define tbl" in said, said
+    src.write_text(text.replace("sizeof(tbl)", "sizeof(tbl) + 1"))
     assert "found earlier for this file" in _fallback_now("kk_tcu_globals_sizeof", src, tmp_path).reason

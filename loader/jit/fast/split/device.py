@@ -12,11 +12,12 @@ fails to compile, which builds the file as written. What a construct the model d
 is what the proof (``jit.split_proof``) compares: this TU's PTX against the file's as written."""
 from __future__ import annotations
 
-from typing import Dict, List, Set
+from typing import Dict, List, Optional, Set
 
 from . import tree as ts
+from .errors import Refuse
 from .layout import Edit, Line, blank_keeping_directives, directive_spans, rewrite
-from .model import DEVICE_KINDS, Item, Model, anon_opener
+from .model import DEVICE_KINDS, Item, Model, anon_opener, declarator_name
 from .source import Flat
 
 #: what torch's umbrella headers gave device code, light enough to compile with it in about a second: the
@@ -60,7 +61,9 @@ def device_lines(model: Model, flat: Flat, heavy_include, frame: bool = False, w
     every light header (for code that reaches a torch type without naming it)."""
     src = model.src
     needed = _named_by_device_code(model)
-    removed = _host_only_items(model, needed)
+    used = _named_by_device_code(model, device_names(model))  # not a local that happens to share a name
+    forms = {id(it): host_variable_form(model, it, used) for it in model.items if defines_host_variable(it)}
+    removed = _host_only_items(model, needed, forms)
     prelude = prelude_text({n for _, names in PRELUDE_BY_NAME for n in names} if whole_prelude
                            else _kept_names(model, removed))
     edits: List[Edit] = []
@@ -75,6 +78,8 @@ def device_lines(model: Model, flat: Flat, heavy_include, frame: bool = False, w
         elif id(it) in removed or (frame and (it.kind in DEVICE_KINDS or it.kind == "hd_fn")):
             edits.append(Edit(it.start, it.end, blank_keeping_directives(src, it.start, it.end,
                                                                          directive_spans(it.node, model.src))))
+        elif forms.get(id(it)) in ("type", "extern"):
+            edits += _variable_edits(model, it, forms[id(it)])
     for ns in model.anon_namespaces:
         body = ns.child_by_field_name("body")
         edits.append(Edit(ns.start_byte, body.start_byte + 1, anon_opener(model)))
@@ -90,11 +95,12 @@ def _kept_names(model: Model, removed: Set[int]) -> Set[str]:
             id(it) not in removed for name, _ in ts.identifiers(it.node, model.src)}
 
 
-def _host_only_items(model: Model, needed: Set[str]) -> Set[int]:
-    """The items the device TU leaves out (by id): host code (``_host_only``), and then, until nothing more
-    goes, what device code does not name and that names something left out (``Fn g_fn;`` after ``struct Fn``
-    went for naming torch)."""
-    removed = {id(it) for it in model.items if _host_only(model, it, needed)}
+def _host_only_items(model: Model, needed: Set[str], forms: Dict[int, str]) -> Set[int]:
+    """The items the device TU leaves out (by id): host code (``_host_only``), host variables whose ``forms``
+    says so, and then, until nothing more goes, what device code does not name and that names something left
+    out (``Fn g_fn;`` after ``struct Fn`` went for naming torch)."""
+    removed = {id(it) for it in model.items if forms.get(id(it)) == "drop" or
+               (id(it) not in forms and _host_only(model, it, needed))}
     while True:
         gone = {n for it in model.items if id(it) in removed for n in it.names}
         more = {id(it) for it in model.items
@@ -116,8 +122,6 @@ def _host_only(model: Model, it: Item, needed: Set[str]) -> bool:
         return False
     if it.kind in ("host_fn", "fn_decl"):
         return True
-    if defines_host_variable(it):  # kept, both objects would define it, and its initialiser would run twice
-        return not (set(it.names) & needed)
     return not (set(it.names) & needed) and names_heavy_api(model, it)
 
 
@@ -127,6 +131,107 @@ def defines_host_variable(it: Item) -> bool:
     if it.kind != "decl" or it.fn is None or it.fn.type != "declaration" or it.constexpr:
         return False
     return not any(k.type == "storage_class_specifier" and k.text.strip() == b"extern" for k in it.fn.children)
+
+
+def host_variable_form(model: Model, it: Item, needed: Set[str]) -> str:
+    """What the device TU keeps of a host variable's definition (``defines_host_variable``), which the host
+    object alone must define and initialise (kept in both, both objects would define it, or, with internal
+    linkage, run its initialiser twice): "drop" it; only the "type" it defines (``struct P {...} g_p;`` where
+    device code names ``P``); an "extern" declaration (device code names it, say in ``sizeof``); "keep" it
+    whole, where a second copy changes nothing (``const float kScale = 2.0f;``) or the objects' join will fail
+    and build the file as written. Raises Refuse where a second copy would run code (``static Registry r;``
+    named by device code) or could differ (``static int mode;``, which a ``__host__ __device__`` function's
+    host side in the device object would read apart from the host object's)."""
+    decl = it.fn
+    declarators = decl.children_by_field_name("declarator")
+    variables = {declarator_name(model, d) for d in declarators}
+    if not variables & needed:
+        ty = decl.child_by_field_name("type")
+        defines_type = ty is not None and ty.child_by_field_name("body") is not None
+        return "type" if defines_type and set(it.names) & needed else "drop"
+    const = all(_const_object(model, decl, d) for d in declarators)
+    if "static" in it.quals or const:  # internal linkage: each object would have a copy of its own
+        name = sorted(variables & needed)[0]
+        why = _runs_code(model, decl, declarators)
+        if why:
+            raise Refuse(f"device code names the host variable {name}, whose initialisation {why}: a second "
+                         "copy in the device TU would run it twice", it.line0 + 1)
+        if not const:  # a __host__ __device__ function's host side in the device object would read its own copy
+            raise Refuse(f"device code names the static host variable {name}, which the device TU cannot share "
+                         "with the host TU", it.line0 + 1)
+        return "keep"
+    if it.tparams is not None or any(not _externable(model, decl, d) for d in declarators):
+        return "keep"
+    return "extern"
+
+
+def _variable_edits(model: Model, it: Item, form: str) -> List[Edit]:
+    """The edits that leave of a host variable's definition its type alone, or an ``extern`` declaration."""
+    declarators = it.fn.children_by_field_name("declarator")
+    if form == "type":
+        start, end = declarators[0].start_byte, declarators[-1].end_byte
+        return [Edit(start, end, blank_keeping_directives(model.src, start, end, []))]
+    at = it.fn.child_by_field_name("type").start_byte
+    edits = [Edit(at, at, "extern ")]
+    for d in declarators:
+        if d.type == "init_declarator":
+            start, end = d.child_by_field_name("declarator").end_byte, d.end_byte
+            edits.append(Edit(start, end, blank_keeping_directives(model.src, start, end, [])))
+    return edits
+
+
+_PRIMITIVE = frozenset({"primitive_type", "sized_type_specifier"})
+_CODE = frozenset({"call_expression", "new_expression", "lambda_expression", "assignment_expression",
+                   "update_expression", "co_await_expression", "throw_expression"})
+
+
+def _runs_code(model: Model, decl, declarators) -> str:
+    """Why initialising these variables may run code (a constructor, a call), or "" where it cannot: a value of
+    a built-in type computed by operators, literals, other variables and constexpr or ``std::`` functions."""
+    ty = decl.child_by_field_name("type")
+    if ty is None or ty.type not in _PRIMITIVE:
+        return f"constructs a {model.text(ty) if ty is not None else 'value'}"
+    constexpr_fns = {n for it in model.items if it.constexpr for n in it.names}
+    for d in declarators:
+        inner = d
+        while inner is not None and inner.type not in ("identifier", "reference_declarator"):
+            inner = inner.child_by_field_name("declarator")
+        if inner is not None and inner.type == "reference_declarator":
+            return "binds a reference"
+        for n in ts.walk(d):
+            if n.type not in _CODE:
+                continue
+            callee = n.child_by_field_name("function") if n.type == "call_expression" else None
+            name = model.text(callee) if callee is not None else ""
+            if callee is None or not (name.startswith("std::") or name in constexpr_fns):
+                return f"calls {name}" if name else f"evaluates {model.text(n)[:40]}"
+    return ""
+
+
+def _const_object(model: Model, decl, d) -> bool:
+    """Whether the declared object itself is const (``const int n``, ``char* const p``; not ``const char* p``),
+    which gives it internal linkage at namespace scope unless it is ``extern``."""
+    while d is not None and d.type in ("init_declarator", "array_declarator", "attributed_declarator"):
+        d = d.child_by_field_name("declarator") or (d.named_children[0] if d.named_children else None)
+    if d is not None and d.type == "pointer_declarator":
+        return any(k.type == "type_qualifier" and model.text(k) == "const" for k in d.children)
+    return any(k.type == "type_qualifier" and model.text(k) == "const" for k in decl.children)
+
+
+def _externable(model: Model, decl, d) -> bool:
+    """Whether ``extern`` and the declarator without its initialiser declare the same variable: not a static
+    member's out-of-class definition, a deduced type, or an array whose size its initialiser gives."""
+    ty = decl.child_by_field_name("type")
+    if ty is None or ty.type in ("placeholder_type_specifier", "auto") or model.text(ty) in ("auto",
+                                                                                            "decltype(auto)"):
+        return False
+    while d is not None:
+        if d.type in ("qualified_identifier", "template_function"):
+            return False
+        if d.type == "array_declarator" and d.child_by_field_name("size") is None:
+            return False
+        d = d.child_by_field_name("declarator")
+    return True
 
 
 def names_heavy_api(model: Model, it: Item) -> bool:
@@ -154,23 +259,29 @@ def _last_name(model: Model, n) -> str:
     return model.text(n).split("<")[0]
 
 
-def _named_by_device_code(model: Model) -> Set[str]:
-    """Every name device code uses, and, transitively, every name the declarations of those names use."""
-    declares: Dict[str, List[Item]] = {}
+def _named_by_device_code(model: Model, roots: Optional[Set[str]] = None) -> Set[str]:
+    """Every name device code uses (or ``roots``), and, transitively, every name the declarations of those names
+    use (of a host variable's definition that also defines a type, naming the type reaches the type alone)."""
+    declares: Dict[str, List[object]] = {}
     for it in model.items:
-        if it.kind not in DEVICE_KINDS and it.kind != "hd_fn":
-            for n in it.names:
-                declares.setdefault(n, []).append(it)
-    todo = [name for it in model.items if it.kind in DEVICE_KINDS or it.kind == "hd_fn"
-            for name, _ in ts.identifiers(it.node, model.src)]
+        if it.kind in DEVICE_KINDS or it.kind == "hd_fn":
+            continue
+        variable = defines_host_variable(it)
+        variables = {declarator_name(model, d) for d in it.fn.children_by_field_name("declarator")} if variable \
+            else set()
+        for n in it.names:
+            part = it.fn.child_by_field_name("type") if variable and n not in variables else it.node
+            declares.setdefault(n, []).append(part)
+    todo = list(roots) if roots is not None else [name for it in model.items if it.kind in DEVICE_KINDS or
+                                                  it.kind == "hd_fn" for name, _ in ts.identifiers(it.node, model.src)]
     seen: Set[str] = set()
     while todo:
         name = todo.pop()
         if name in seen:
             continue
         seen.add(name)
-        for it in declares.get(name, ()):
-            todo += [n for n, _ in ts.identifiers(it.node, model.src)]
+        for node in declares.get(name, ()):
+            todo += [n for n, _ in ts.identifiers(node, model.src)]
     return seen
 
 

@@ -17,7 +17,7 @@ from typing import Callable, List, Optional, Tuple
 from . import tree as ts
 from .errors import Refuse
 from .layout import Edit, Line, directive_spans, marked, quote, rewrite
-from .model import TORCH_INCLUDES, Item, Model, anon_opener, leading_start
+from .model import DEVICE_KINDS, TORCH_INCLUDES, Item, Model, anon_opener, leading_start
 from .source import Flat
 
 #: what nvcc's launch calls first (cuda_runtime.h declares it only for nvcc)
@@ -133,7 +133,9 @@ def host_text(model: Model, flat: Flat) -> HostTU:
     for it in model.items:
         if any(s <= it.start < e for s, e in dropped):
             continue
-        if it.kind in ("kernel", "kernel_decl"):
+        if it.outside:
+            edits += _taken_out(model, it, "")
+        elif it.kind in ("kernel", "kernel_decl"):
             edits += _kernel_declaration(model, it)
         elif it.kind == "device_fn" and it.host_used and it.constexpr:
             edits += _strip_members(model, it.node)  # host code may call it (relaxed constexpr): it stays whole
@@ -144,7 +146,8 @@ def host_text(model: Model, flat: Flat) -> HostTU:
         elif it.kind == "device_var":
             edits += _extern_variable(model, it)
         elif it.kind in ("hd_fn", "decl", "other", "using"):
-            edits += _strip_members(model, it.node)
+            edits += _namespace_named(model, it) + _strip_members(model, it.node)
+    edits += _device_library_includes(model)
     for ns in model.anon_namespaces:
         body = ns.child_by_field_name("body")
         if not any(s <= ns.start_byte < e for s, e in dropped):
@@ -326,6 +329,53 @@ def _extern_variable(model: Model, var: Item) -> List[Edit]:
     return _taken_out(model, var, " ".join(text.split("\n")) + "\n")
 
 
+#: headers of device code alone that g++ cannot compile (they use threadIdx), whose API host code cannot call in a
+#: split file (cub's is refused there, ``model.HOST_FORBIDDEN``; cooperative groups' runs on the device only); the
+#: prefixes of the macros they and what they include define
+DEVICE_LIBRARIES = ("<cub/", "<cooperative_groups/")
+_THEIR_MACROS = ("CUB_", "_CUB", "THRUST_", "_THRUST", "CCCL_", "_CCCL", "LIBCUDACXX", "_LIBCUDACXX", "CUDA_CUB",
+                 "_CG_", "CG_")
+
+
+def _device_library_includes(model: Model) -> List[Edit]:
+    """The host TU leaves out an include of cub or of cooperative groups' extensions (``reduce.h``) where host code
+    names none of the macros they define: nvcc's host pass compiled their device code as g++ cannot, and host
+    code used nothing they declare (or fails to compile, which builds the file as written)."""
+    found = [it for it in model.items if it.kind == "include" and
+             model.text(it.node.child_by_field_name("path")).startswith(DEVICE_LIBRARIES)]
+    if not found:
+        return []
+    for it in model.items:
+        if it.kind not in DEVICE_KINDS and it.kind != "include":
+            if any(name.startswith(_THEIR_MACROS) for name, _ in ts.identifiers(it.node, model.src)):
+                return []
+    return [Edit(it.start, it.end, "\n" * model.src.count(b"\n", it.start, it.end)) for it in found]
+
+
+def _namespace_named(model: Model, it: Item) -> List[Edit]:
+    """``using namespace nvcuda;`` or ``namespace cg = cooperative_groups;`` at file scope names a namespace that
+    CUDA's headers declare only under nvcc: g++ is told it exists, empty (which changes no lookup), on the same
+    line, so the host TU compiles where the file's host pass did."""
+    node = it.node
+    directive = node.type == "using_declaration" and any(k.type == "namespace" for k in node.children)
+    if not (directive or node.type == "namespace_alias_definition") or any(s.name for s in it.scope) or \
+            not node.named_children:
+        return []
+    target = node.named_children[-1]
+    path = []
+    for leaf in ts.walk(target):
+        if leaf.child_count == 0 and leaf.type in ("namespace_identifier", "identifier"):
+            path.append(model.text(leaf))
+        elif leaf.child_count == 0 and leaf.type != "::":
+            return []
+    aliases = {model.text(n.child_by_field_name("name")) for n in ts.walk(model.masked.tree.root_node)
+               if n.type == "namespace_alias_definition"}
+    if not path or path[0] in aliases:
+        return []
+    opened = "".join(f"namespace {name} {{ " for name in path) + "}" * len(path) + " "
+    return [Edit(node.start_byte, node.start_byte, opened)]
+
+
 def _strip_members(model: Model, node) -> List[Edit]:
     """In host code, the bodies of device-only member functions dropped (g++ cannot compile device intrinsics;
     nvcc never ran them on the host)."""
@@ -365,4 +415,17 @@ def _launch_edits(model: Model) -> List[Edit]:
         edits.append(Edit(start, start, f"(__cudaPushCallConfiguration({inner})) ? (void)0 : ",
                           line0=model.src.count(b"\n", 0, start)))
         edits.append(Edit(config.start_byte, config.end_byte, ""))
+    for launch in model.macro_launches:
+        if not 2 <= len(_configuration_values(launch.inner)) <= 4:
+            raise Refuse("a launch configuration without 2 to 4 values", model.src.count(b"\n", 0, launch.callee) + 1)
+        edits.append(Edit(launch.callee, launch.callee, f"(__cudaPushCallConfiguration({launch.inner})) ? (void)0 : ",
+                          line0=model.src.count(b"\n", 0, launch.callee)))
+        edits.append(Edit(*launch.config, ""))
     return edits
+
+
+def _configuration_values(inner: str) -> List[str]:
+    """The values of a launch configuration's text, split at its top-level commas by the grammar."""
+    tree = ts.parse(f"void kk_configuration() {{ kk_values({inner}); }}")
+    call = next(n for n in ts.walk(tree.root_node) if n.type == "call_expression")
+    return [k for k in call.child_by_field_name("arguments").named_children if k.type != "comment"]

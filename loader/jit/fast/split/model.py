@@ -60,6 +60,8 @@ class Item:
     cond: bool = False  # under a preprocessor conditional
     quals: FrozenSet[str] = frozenset()
     host_used: bool = False  # a device variable or function named by host code
+    #: a kernel defined by its qualified name outside the namespace that declares it (``void ns::k(...) {}``)
+    outside: bool = False
 
     @property
     def constexpr(self) -> bool:
@@ -74,6 +76,14 @@ class Launch:
     item: Item
 
 
+@dataclass(frozen=True)
+class MacroLaunch:
+    """A launch in a macro's body, by byte offsets of the file (the grammar keeps the body as one token)."""
+    callee: int  # where the expression naming the kernel starts
+    config: Tuple[int, int]  # the span of ``<<<...>>>``
+    inner: str  # the configuration between ``<<<`` and ``>>>``
+
+
 @dataclass
 class Model:
     src: bytes
@@ -82,6 +92,7 @@ class Model:
     items: List[Item] = field(default_factory=list)
     kernels: Dict[str, List[Item]] = field(default_factory=dict)  # name -> its definitions and declarations
     launches: List[Launch] = field(default_factory=list)
+    macro_launches: List[MacroLaunch] = field(default_factory=list)
     anon_namespaces: List[object] = field(default_factory=list)
     torch_includes: bool = False
 
@@ -207,9 +218,6 @@ def _template(model: Model, c, end: int, scope, cond: bool) -> None:
     inner = [k for k in c.named_children if k != params and k.type != "comment"]
     if len(inner) != 1:
         raise Refuse("a template the parser could not read", ts.line(c))
-    if params is not None and params.named_child_count == 0 and \
-            (_quals(model, inner[0], c.start_byte) & {"__global__"}):
-        raise Refuse("an explicit specialisation or instantiation of a kernel (template <>)", ts.line(c))
     _item(model, inner[0], c, end, scope, cond, params)
 
 
@@ -315,8 +323,15 @@ def _instantiation(model: Model, fn, start: int) -> Tuple[str, Tuple[str, ...]]:
 def _is_prototype(decl) -> bool:
     d = decl.child_by_field_name("declarator")
     while d is not None and d.type in ("pointer_declarator", "reference_declarator"):
-        d = d.child_by_field_name("declarator")
+        d = inner_declarator(d)
     return d is not None and d.type == "function_declarator"
+
+
+def inner_declarator(d):
+    """The declarator ``d`` wraps (the grammar gives a reference declarator's no field name)."""
+    if d.type == "reference_declarator":
+        return next((k for k in d.named_children if k.type != "type_qualifier"), None)
+    return d.child_by_field_name("declarator")
 
 
 def declarator_name(model: Model, d) -> Optional[str]:
@@ -327,7 +342,7 @@ def declarator_name(model: Model, d) -> Optional[str]:
             name = d.child_by_field_name("name")
             d = name if name is not None else d.named_children[-1]
             continue
-        d = d.child_by_field_name("declarator")
+        d = inner_declarator(d)
     return None
 
 
@@ -360,10 +375,34 @@ def declared_names(model: Model, node) -> List[str]:
 
 
 def _kernel(model: Model, item: Item) -> None:
+    """A kernel's definitions and declarations by its name: ``k``, or ``k<...>`` after ``template <>`` (an explicit
+    specialisation, which the host TU declares as written and the device TU defines, as any kernel)."""
     decl = item.fn.child_by_field_name("declarator")
-    if decl is None or decl.type != "function_declarator" or decl.child_by_field_name("declarator").type != "identifier":
+    name = decl.child_by_field_name("declarator") if decl is not None and decl.type == "function_declarator" \
+        else None
+    if name is not None and name.type == "template_function" and item.tparams is not None and \
+            item.tparams.named_child_count == 0:
+        name = name.child_by_field_name("name")
+    if name is not None and name.type == "qualified_identifier" and item.kind == "kernel":
+        _kernel_outside(model, item, name)
+        return
+    if name is None or name.type != "identifier":
         raise Refuse("a kernel declared in a form the split does not handle", item.line0 + 1)
-    model.kernels.setdefault(model.text(decl.child_by_field_name("declarator")), []).append(item)
+    model.kernels.setdefault(model.text(name), []).append(item)
+
+
+def _kernel_outside(model: Model, item: Item, name) -> None:
+    """``__global__ void ns::k(...) {...}``: the device TU keeps it as written; the host TU leaves it out (the
+    namespace's own declaration, which must come first, declares the stub) and names the kernel as declared."""
+    last = name
+    while last.type == "qualified_identifier":
+        last = last.child_by_field_name("name")
+    full = "::".join([s.name for s in item.scope if s.name] + [model.text(name)])
+    declared = [d for d in model.kernels.get(model.text(last) if last is not None else "", ())
+                if d.kind == "kernel_decl" and "::".join([s.name for s in d.scope if s.name] + list(d.names[:1])) == full]
+    if not declared or last.type != "identifier":
+        raise Refuse("a kernel defined by a qualified name the split found no declaration of", item.line0 + 1)
+    item.outside = True
 
 
 # ----------------------------------------------------------------------------------------------- checks
@@ -400,14 +439,15 @@ def _scan_host(model: Model) -> None:
     device_fns = {n: it for it in model.items if it.kind == "device_fn" for n in it.names}
     device_vars = {n: it for it in model.items if it.kind == "device_var" for n in it.names}
     for it in model.items:
+        if it.kind != "macro":  # a macro defined inside a body: the host TU keeps it, and g++ would meet its <<<
+            for n in ts.walk(it.node):
+                if n.type in ("preproc_def", "preproc_function_def"):
+                    _macro_launches(model, n)
         if it.kind in DEVICE_KINDS:
             continue
         if it.kind == "macro":
             _check_macro(model, it)
             continue
-        for n in ts.walk(it.node):  # a macro defined inside a function body, where g++ would meet its <<<
-            if n.type in ("preproc_def", "preproc_function_def"):
-                _refuse_launch_in_macro(model, n)
         _collect_launches(model, it)
         if it.kind == "host_fn" and model.masked.qualifiers_in(it.start, it.end):
             raise Refuse("a __device__ lambda (through a qualifier macro)", it.line0 + 1)
@@ -463,7 +503,7 @@ def _check_macro(model: Model, it: Item) -> None:
     body = model.text(value)
     words = ts.macro_body_names(body)
     name = it.names[0]
-    _refuse_launch_in_macro(model, it.node)
+    _macro_launches(model, it.node)
     if name in model.masked.macros:
         return
     for w in words:
@@ -475,12 +515,33 @@ def _check_macro(model: Model, it: Item) -> None:
             raise Refuse(HOST_FORBIDDEN[w] + f" (macro {name})", it.line0 + 1)
 
 
-def _refuse_launch_in_macro(model: Model, node) -> None:
-    """A launch in a macro's body is beyond the host TU's lowering, which edits the launches the grammar sees."""
+_BODY_OPEN = "void kk_macro_body() {\n"  # a macro's body read as the statements of a function
+
+
+def _macro_launches(model: Model, node) -> None:
+    """The launches in a macro's body, for the host TU to lower where they are written (the preprocessor then
+    pastes the lowered text wherever the macro is used, as nvcc lowers the launch after pasting it); a body with
+    ``<<<`` that does not read as statements is refused."""
     value = node.child_by_field_name("value")
-    if value is not None and ts.has_launch_syntax(model.text(value)):
-        name = model.text(node.child_by_field_name("name"))
-        raise Refuse(f"a kernel launch inside the macro {name}", ts.line(node))
+    body = model.text(value) if value is not None else ""
+    if not ts.has_launch_syntax(body):
+        return
+    name = model.text(node.child_by_field_name("name"))
+    tree = ts.parse(_BODY_OPEN + body + "\n;}")
+    calls = [n for n in ts.walk(tree.root_node) if n.type == "call_expression" and
+             any(k.type == "kernel_call_syntax" for k in n.children)]
+    if not calls or any(n.type == "ERROR" or n.is_missing for n in ts.walk(tree.root_node)) or \
+            len(calls) != body.count("<<<"):
+        raise Refuse(f"a kernel launch inside the macro {name}, whose body the parser could not read",
+                     ts.line(node))
+    shift = value.start_byte - len(_BODY_OPEN.encode())
+    src = (_BODY_OPEN + body).encode("utf-8", "surrogateescape")
+    for call in calls:
+        config = next(k for k in call.children if k.type == "kernel_call_syntax")
+        inner = src[config.children[0].end_byte:config.children[-1].start_byte].decode("utf-8", "surrogateescape")
+        fn = call.child_by_field_name("function")
+        model.macro_launches.append(MacroLaunch(fn.start_byte + shift, (config.start_byte + shift,
+                                                                         config.end_byte + shift), inner))
 
 
 def _collect_launches(model: Model, it: Item) -> None:
