@@ -290,15 +290,16 @@ def test_the_device_tu_keeps_of_a_host_variable_what_device_code_needs(tmp_path)
     """A host variable is defined and initialised by the host object alone: the device TU drops it, keeps the
     type its definition also defines, declares it ``extern`` where device code names it (here in ``sizeof``), and
     keeps a copy only where a second one changes nothing (a constant of a built-in type) or the join will fail
-    (an array sized by its initialiser, which ``extern`` cannot declare)."""
+    (an array sized by its initialiser, which ``extern`` cannot declare; specifiers beyond const and volatile)."""
     src = (HEAD + "struct P { int a; float b; } g_p = {1, 2.0f}, g_q;\nnamespace { int calls = 0; }\n"
-           "int limit = 4;\nconst float kScale = 2.0f;\nfloat tbl[] = {1, 2};\n"
-           "__global__ void k(float* x, P p) { x[0] = p.b + sizeof(limit) + kScale + sizeof(tbl); }\n"
+           "int limit = 4;\nconst float kScale = 2.0f;\nfloat tbl[] = {1, 2};\nalignas(16) int wide = 1;\n"
+           "__global__ void k(float* x, P p) { x[0] = p.b + sizeof(limit) + kScale + sizeof(tbl) + sizeof(wide); }\n"
            "torch::Tensor f(torch::Tensor x) { k<<<1, 1>>>(x.data_ptr<float>(), g_p); ++calls; return x; }\n")
     result = split_text(tmp_path, src)
     device = [line.strip() for line in result.device.split("\n")]
     assert "struct P { int a; float b; } ;" in device and "extern int limit;" in device, result.device
     assert "const float kScale = 2.0f;" in device and "float tbl[] = {1, 2};" in device, result.device
+    assert "alignas(16) int wide = 1;" in device  # where "extern" would go among its specifiers is not plain
     assert "calls" not in result.device and "g_p" not in result.device, result.device
     for kept in ("struct P { int a; float b; } g_p = {1, 2.0f}, g_q;", "int limit = 4;", "int calls = 0;"):
         assert kept in result.host.text, kept

@@ -220,10 +220,16 @@ def _const_object(model: Model, decl, d) -> bool:
 
 def _externable(model: Model, decl, d) -> bool:
     """Whether ``extern`` and the declarator without its initialiser declare the same variable: not a static
-    member's out-of-class definition, a deduced type, or an array whose size its initialiser gives."""
+    member's out-of-class definition, a deduced type, an array whose size its initialiser gives, or a declaration
+    with more than a type and its qualifiers before the declarators."""
     ty = decl.child_by_field_name("type")
     if ty is None or ty.type in ("placeholder_type_specifier", "auto") or model.text(ty) in ("auto",
                                                                                             "decltype(auto)"):
+        return False
+    declarators = decl.children_by_field_name("declarator")
+    if any(k.is_named and k != ty and k not in declarators and k.type != "comment" and
+           not (k.type == "type_qualifier" and model.text(k) in ("const", "volatile"))
+           for k in decl.children):  # attributes, alignas, thread_local: where "extern" goes is not plain
         return False
     while d is not None:
         if d.type in ("qualified_identifier", "template_function"):
