@@ -535,6 +535,7 @@ def test_the_host_tu_leaves_out_cub_unless_host_code_uses_its_macros(tmp_path):
     src = (HEAD + "#include <cooperative_groups/reduce.h>\n#ifndef USE_ROCM\n#include <cub/cub.cuh>\n#endif\n"
            "__global__ void k(float* x) { using R = cub::BlockReduce<float, 32>; x[0] = sizeof(R); }\n" + LAUNCH)
     result = split_text(tmp_path, src)
+    assert result.host.left_out == ("<cooperative_groups/reduce.h>", "<cub/cub.cuh>")
     assert "#include <cub/cub.cuh>" not in result.host.text and "#include <cub/cub.cuh>" in result.device
     assert "cooperative_groups/reduce.h" not in result.host.text and "cooperative_groups/reduce.h" in result.device
     assert "#ifndef USE_ROCM\n\n#endif" in result.host.text, result.host.text

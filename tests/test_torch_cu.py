@@ -554,6 +554,11 @@ def test_a_host_tu_error_on_a_line_device_code_shares_is_not_the_users(tmp_path)
     assert not torch_cu._users_error([_diagnostic(src, directive, "'nvcuda' is not a namespace-name")],
                                      target, unit, judged)
     assert torch_cu._users_error([_diagnostic(src, host_only, "expected ';' before '}' token")], target, unit, judged)
+    missing = BuildError("compiling", [_diagnostic(src, host_only, "'numeric_limits' is not a member of 'std'")], "")
+    with pytest.raises(BuildError):  # a typo of the user's, judged by g++
+        torch_cu._failed(missing, target, unit, "host", judged)
+    why = torch_cu._failed(missing, target, unit, "host", judged, judged=False)  # the host TU left out cub
+    assert why.reason.startswith("the host part did not compile ('numeric_limits'"), why
 
 
 def test_a_host_tu_that_only_nvcc_can_compile_builds_as_written_and_is_remembered(tmp_path, capsys):

@@ -253,7 +253,7 @@ def _host_part(host_unit: Unit, lines: str, result: split.Split, target: Target,
     try:
         obj, table = host_lines.compile_host(host_unit, result.host, target, core, lines)
     except BuildError as e:
-        return _failed(e, target, unit, "host", result.device_kept), None
+        return _failed(e, target, unit, "host", result.device_kept, judged=not result.host.left_out), None
     note = "cached" if cached else f"{time.perf_counter() - t0:.1f} s"
     return _Part(obj, note), table
 
@@ -286,8 +286,10 @@ def _compiled(part: Unit, target: Target, unit: Unit, what: str, core):
 
 
 def _failed(e: BuildError, target: Target, unit: Unit, what: str,
-            nvcc_judges: FrozenSet[Tuple[str, int]] = frozenset()) -> _Fallback:
-    if _users_error(e.diagnostics, target, unit, nvcc_judges):
+            nvcc_judges: FrozenSet[Tuple[str, int]] = frozenset(), judged: bool = True) -> _Fallback:
+    """The user's error, raised; else why the part is to be built as written. ``judged``: whether this part's
+    compiler may judge the user's code at all (not a host TU that left out a header the file includes)."""
+    if judged and _users_error(e.diagnostics, target, unit, nvcc_judges):
         raise BuildError(f"compiling {unit.display} (split into host and device TUs; KERNELKIT_TORCH_CU=full "
                          "builds it as written)", e.diagnostics, e.log, e.command) from None
     first = next((d for d in e.diagnostics if d.severity in ("error", "fatal error")), None)

@@ -66,6 +66,8 @@ class HostTU:
     prefix: str
     lines: Tuple[Line, ...]
     preamble_lines: int  # how many of ``lines`` belong to the preamble (0: no preamble)
+    #: the includes of the file the TU leaves out (``DEVICE_LIBRARIES``): a name g++ then misses may be theirs
+    left_out: Tuple[str, ...] = ()
 
     @property
     def preamble(self) -> str:
@@ -147,7 +149,8 @@ def host_text(model: Model, flat: Flat) -> HostTU:
             edits += _extern_variable(model, it)
         elif it.kind in ("hd_fn", "decl", "other", "using"):
             edits += _namespace_named(model, it) + _strip_members(model, it.node)
-    edits += _device_library_includes(model)
+    left_out = _device_library_includes(model)
+    edits += [Edit(it.start, it.end, "\n" * model.src.count(b"\n", it.start, it.end)) for it in left_out]
     for ns in model.anon_namespaces:
         body = ns.child_by_field_name("body")
         if not any(s <= ns.start_byte < e for s, e in dropped):
@@ -156,7 +159,8 @@ def host_text(model: Model, flat: Flat) -> HostTU:
     lines = rewrite(model.src, edits, flat)
     droppable = _blank_or_comment_lines(model, flat)
     lines = [ln for ln in lines if not (ln[1] in droppable and (not ln[0].strip() or ln[0] == droppable[ln[1]]))]
-    return HostTU(_prefix(model), tuple(lines), _leading_includes(lines))
+    return HostTU(_prefix(model), tuple(lines), _leading_includes(lines),
+                  tuple(model.text(it.node.child_by_field_name("path")) for it in left_out))
 
 
 def _blank_or_comment_lines(model: Model, flat: Flat) -> dict:
@@ -337,7 +341,7 @@ _THEIR_MACROS = ("CUB_", "_CUB", "THRUST_", "_THRUST", "CCCL_", "_CCCL", "LIBCUD
                  "_CG_", "CG_")
 
 
-def _device_library_includes(model: Model) -> List[Edit]:
+def _device_library_includes(model: Model) -> List[Item]:
     """The host TU leaves out an include of cub or of cooperative groups' extensions (``reduce.h``) where host code
     names none of the macros they define: nvcc's host pass compiled their device code as g++ cannot, and host
     code used nothing they declare (or fails to compile, which builds the file as written)."""
@@ -349,7 +353,7 @@ def _device_library_includes(model: Model) -> List[Edit]:
         if it.kind not in DEVICE_KINDS and it.kind != "include":
             if any(name.startswith(_THEIR_MACROS) for name, _ in ts.identifiers(it.node, model.src)):
                 return []
-    return [Edit(it.start, it.end, "\n" * model.src.count(b"\n", it.start, it.end)) for it in found]
+    return found
 
 
 def _namespace_named(model: Model, it: Item) -> List[Edit]:
