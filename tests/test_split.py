@@ -631,7 +631,7 @@ def test_local_aliases_bind_what_the_host_asks_for_to_the_device_objects_local_s
 
 
 # ----------------------------------------------------------------------------------------------- real builds
-BUILT = ["const_poly.cu", "anon_rownorm.cu", "kernel_attribute.cu", "launch_macro.cu"]  # sigmoid_dispatch: tests/test_torch_cu.py loads it
+BUILT = ["const_poly.cu", "anon_rownorm.cu", "kernel_attribute.cu"]  # sigmoid_dispatch: tests/test_torch_cu.py loads it
 
 
 @pytest.mark.cuda_build

@@ -574,13 +574,16 @@ def test_a_host_tu_that_only_nvcc_can_compile_builds_as_written_and_is_remembere
 
 def test_namespaces_and_headers_only_nvcc_compiles_leave_the_host_tu_compilable(tmp_path, capsys):
     """At file scope, ``using namespace nvcuda;`` and ``namespace cg = cooperative_groups;`` get their namespaces
-    declared for g++, and ``<cooperative_groups/reduce.h>`` (device code g++ cannot compile) leaves the host TU:
-    the file splits where each of them used to build it as written."""
+    declared for g++, ``<cooperative_groups/reduce.h>`` (device code g++ cannot compile) leaves the host TU, and a
+    launch in a macro is lowered in its body: the file splits where each of them used to build it as written."""
     text = NVCUDA_DIRECTIVE.replace("namespace ops { using namespace nvcuda; }", (
         "#include <cooperative_groups.h>\n#include <cooperative_groups/reduce.h>\nusing namespace nvcuda;\n"
         "namespace cg = cooperative_groups;")).replace(
         "if (i < n) y[i] = 2.0f;", "if (i < n) y[i] = cg::reduce(cg::tiled_partition<32>(cg::this_thread_block()), "
-        "1.0f, cg::plus<float>());")
+        "1.0f, cg::plus<float>());").replace(
+        "  fill_kernel<<<", "#define LAUNCH_FILL(y) fill_kernel<<<(y.numel() + 255) / 256, 256>>>(y.data_ptr<float>(), "
+        "(int)y.numel())\n  LAUNCH_FILL(y);\n  if (false) fill_kernel<<<")
+    assert "LAUNCH_FILL(y);" in text
     src = tmp_path / "namespaces.cu"
     src.write_text(text)
     _, counts, said = _build("kk_tcu_namespaces", src, capsys)
