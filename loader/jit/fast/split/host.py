@@ -132,6 +132,7 @@ class HostTU:
 def host_text(model: Model, flat: Flat) -> HostTU:
     dropped = _emptied_blocks(model)
     edits: List[Edit] = [Edit(*_line_span(model, s, e), "") for s, e in dropped]
+    aliases = {n for it in model.items if it.node.type == "namespace_alias_definition" for n in it.names}
     for it in model.items:
         if any(s <= it.start < e for s, e in dropped):
             continue
@@ -148,7 +149,7 @@ def host_text(model: Model, flat: Flat) -> HostTU:
         elif it.kind == "device_var":
             edits += _extern_variable(model, it)
         elif it.kind in ("hd_fn", "decl", "other", "using"):
-            edits += _namespace_named(model, it) + _strip_members(model, it.node)
+            edits += _namespace_named(model, it, aliases) + _strip_members(model, it.node)
     left_out = _device_library_includes(model)
     edits += [Edit(it.start, it.end, "\n" * model.src.count(b"\n", it.start, it.end)) for it in left_out]
     for ns in model.anon_namespaces:
@@ -356,7 +357,7 @@ def _device_library_includes(model: Model) -> List[Item]:
     return found
 
 
-def _namespace_named(model: Model, it: Item) -> List[Edit]:
+def _namespace_named(model: Model, it: Item, aliases: set) -> List[Edit]:
     """``using namespace nvcuda;`` or ``namespace cg = cooperative_groups;`` at file scope names a namespace that
     CUDA's headers declare only under nvcc: g++ is told it exists, empty (which changes no lookup), on the same
     line, so the host TU compiles where the file's host pass did."""
@@ -372,9 +373,7 @@ def _namespace_named(model: Model, it: Item) -> List[Edit]:
             path.append(model.text(leaf))
         elif leaf.child_count == 0 and leaf.type != "::":
             return []
-    aliases = {model.text(n.child_by_field_name("name")) for n in ts.walk(model.masked.tree.root_node)
-               if n.type == "namespace_alias_definition"}
-    if not path or path[0] in aliases:
+    if not path or path[0] in aliases:  # the file's own alias: declaring a namespace of that name would not compile
         return []
     opened = "".join(f"namespace {name} {{ " for name in path) + "}" * len(path) + " "
     return [Edit(node.start_byte, node.start_byte, opened)]
@@ -406,30 +405,21 @@ def _device_only(model: Model, fn) -> bool:
 
 def _launch_edits(model: Model) -> List[Edit]:
     """``k<<<g, b, s, st>>>(args)`` as nvcc lowers it: ``(__cudaPushCallConfiguration(g, b, s, st)) ? (void)0 :
-    k(args)``, so the configuration is evaluated before the arguments, as there."""
-    edits = []
+    k(args)``, so the configuration is evaluated before the arguments, as there; where the grammar sees the launch,
+    and in a macro's body (``model.MacroLaunch``)."""
+    launches = []
     for launch in model.launches:
         config = next(k for k in launch.call.children if k.type == "kernel_call_syntax")
-        exprs = [k for k in config.named_children if k.type != "comment"]
-        if not 2 <= len(exprs) <= 4:
-            raise Refuse("a launch configuration without 2 to 4 values", ts.line(config))
         inner = model.src[config.children[0].end_byte:config.children[-1].start_byte].decode("utf-8",
                                                                                             "surrogateescape")
-        start = launch.callee.start_byte
-        edits.append(Edit(start, start, f"(__cudaPushCallConfiguration({inner})) ? (void)0 : ",
-                          line0=model.src.count(b"\n", 0, start)))
-        edits.append(Edit(config.start_byte, config.end_byte, ""))
-    for launch in model.macro_launches:
-        if not 2 <= len(_configuration_values(launch.inner)) <= 4:
-            raise Refuse("a launch configuration without 2 to 4 values", model.src.count(b"\n", 0, launch.callee) + 1)
-        edits.append(Edit(launch.callee, launch.callee, f"(__cudaPushCallConfiguration({launch.inner})) ? (void)0 : ",
-                          line0=model.src.count(b"\n", 0, launch.callee)))
-        edits.append(Edit(*launch.config, ""))
+        values = len([k for k in config.named_children if k.type != "comment"])
+        launches.append((launch.callee.start_byte, (config.start_byte, config.end_byte), inner, values))
+    launches += [(m.callee, m.config, m.inner, m.values) for m in model.macro_launches]
+    edits = []
+    for start, config, inner, values in launches:
+        line0 = model.src.count(b"\n", 0, start)
+        if not 2 <= values <= 4:
+            raise Refuse("a launch configuration without 2 to 4 values", line0 + 1)
+        edits.append(Edit(start, start, f"(__cudaPushCallConfiguration({inner})) ? (void)0 : ", line0=line0))
+        edits.append(Edit(*config, ""))
     return edits
-
-
-def _configuration_values(inner: str) -> List[str]:
-    """The values of a launch configuration's text, split at its top-level commas by the grammar."""
-    tree = ts.parse(f"void kk_configuration() {{ kk_values({inner}); }}")
-    call = next(n for n in ts.walk(tree.root_node) if n.type == "call_expression")
-    return [k for k in call.child_by_field_name("arguments").named_children if k.type != "comment"]

@@ -82,6 +82,7 @@ class MacroLaunch:
     callee: int  # where the expression naming the kernel starts
     config: Tuple[int, int]  # the span of ``<<<...>>>``
     inner: str  # the configuration between ``<<<`` and ``>>>``
+    values: int  # how many values the configuration has
 
 
 @dataclass
@@ -540,8 +541,9 @@ def _macro_launches(model: Model, node) -> None:
         config = next(k for k in call.children if k.type == "kernel_call_syntax")
         inner = src[config.children[0].end_byte:config.children[-1].start_byte].decode("utf-8", "surrogateescape")
         fn = call.child_by_field_name("function")
+        values = len([k for k in config.named_children if k.type != "comment"])
         model.macro_launches.append(MacroLaunch(fn.start_byte + shift, (config.start_byte + shift,
-                                                                         config.end_byte + shift), inner))
+                                                                         config.end_byte + shift), inner, values))
 
 
 def _collect_launches(model: Model, it: Item) -> None:
